@@ -1,0 +1,48 @@
+# The README's commands. Everything is set up on first use and cached:
+# .venv/ (virtualenv), .cache/kafka/ (broker jars from Maven Central).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint unit integration bench broker-start broker-stop clean
+
+test: lint ## Everything: lint, type-check, unit and integration tests against the real broker
+	$(PY) -m pytest tests
+
+demo: $(STAMP) ## The demo: broker, bridge, sample receiver and producer
+	$(PY) -m bridge demo
+
+lint: $(STAMP) kafka-jars
+	$(VENV)/bin/ruff check bridge tests deploy
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP) kafka-jars
+	$(PY) -m pytest tests/integration
+
+bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
+	$(PY) -m bridge bench
+
+broker-start: $(STAMP) kafka-jars
+	$(PY) deploy/kafka/broker.py start
+
+broker-stop: $(STAMP)
+	$(PY) deploy/kafka/broker.py stop
+
+.PHONY: kafka-jars
+kafka-jars: $(STAMP)
+	@$(PY) deploy/kafka/broker.py fetch >/dev/null
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required: install python3.11 (found " + sys.version.split()[0] + ")")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+clean:
+	-$(PY) deploy/kafka/broker.py stop
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
