@@ -32,7 +32,8 @@ class ConfigError(BridgeError):
         self.path = path
         self.problems = list(problems)
         listing = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(f"{path}: {len(self.problems)} problem(s) in the configuration:\n{listing}")
+        count = len(self.problems)
+        super().__init__(f"{path}: {count} problem(s) in the configuration:\n{listing}")
 
 
 class RecordError(BridgeError):

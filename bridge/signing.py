@@ -1,0 +1,91 @@
+"""Signing: the headers of one delivery request, from secret, message id, timestamp and body.
+
+Every request carries two signatures of the exact body bytes:
+
+* ``x-service-secret``: lowercase hex HMAC-SHA256 of the body, keyed with the secret's bytes exactly
+  as configured (a ``whsec_`` prefix included); or, with ``signature: secret``, the secret itself.
+* ``webhook-signature`` (Standard Webhooks): ``v1,`` + base64 HMAC-SHA256 of
+  ``"{webhook-id}.{webhook-timestamp}." + body``. As the Standard Webhooks libraries do, a secret
+  that starts with ``whsec_`` is keyed with the base64-decoded rest; any other secret is keyed with
+  its raw bytes. During rotation (``previous_secret``) the header holds both signatures,
+  space-separated, current first; ``x-service-secret`` always uses the current secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from typing import TYPE_CHECKING, Final
+
+from bridge import __version__
+
+if TYPE_CHECKING:
+    from bridge.config import Webhook
+
+USER_AGENT: Final = f"transaction-webhook-bridge/{__version__}"
+"""The ``User-Agent`` of every delivery."""
+
+_WHSEC_PREFIX: Final = b"whsec_"
+
+
+def message_id(transaction_id: str, event: str, webhook_id: str) -> str:
+    """The ``webhook-id`` of one event for one webhook, the same on every retry and redelivery.
+
+    ``msg_`` + lowercase unpadded base32 of the first 20 bytes of SHA-256 over the UTF-8 of
+    ``transaction_id + "\\n" + event + "\\n" + webhook_id`` (32 characters after the prefix).
+    """
+    material = f"{transaction_id}\n{event}\n{webhook_id}".encode()
+    digest = hashlib.sha256(material).digest()[:20]
+    return "msg_" + base64.b32encode(digest).decode("ascii").lower()
+
+
+def standard_webhooks_key(secret: bytes) -> bytes:
+    """The Standard Webhooks HMAC key of a secret: base64-decoded after ``whsec_``, else as is.
+
+    Raises ValueError when a ``whsec_`` secret is not valid base64 or decodes to nothing.
+    """
+    if not secret.startswith(_WHSEC_PREFIX):
+        return secret
+    encoded = secret[len(_WHSEC_PREFIX) :]
+    try:
+        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ValueError("the part after 'whsec_' is not valid base64") from None
+    if not key:
+        raise ValueError("the part after 'whsec_' is empty")
+    return key
+
+
+def service_signature(secret: bytes, body: bytes) -> str:
+    """Default ``x-service-secret``: lowercase hex HMAC-SHA256 of the body, keyed by the secret."""
+    return hmac.digest(secret, body, "sha256").hex()
+
+
+def standard_signature(key: bytes, message_id: str, timestamp: int, body: bytes) -> str:
+    """One Standard Webhooks signature: ``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``."""
+    signed = b"%s.%d.%s" % (message_id.encode(), timestamp, body)
+    return "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii")
+
+
+def build_headers(webhook: Webhook, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """All headers of one delivery of ``body`` to ``webhook`` (``timestamp`` in Unix seconds)."""
+    secret = webhook.secret.reveal()
+    signatures = " ".join(
+        standard_signature(standard_webhooks_key(each.reveal()), message_id, timestamp, body)
+        for each in (webhook.secret, webhook.previous_secret)
+        if each is not None
+    )
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "x-service-secret": (
+            service_signature(secret, body)
+            if webhook.signature == "hmac-sha256"
+            else secret.decode("ascii")
+        ),
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signatures,
+    }

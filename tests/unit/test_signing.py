@@ -1,0 +1,142 @@
+"""Signing: fixed test vectors and interoperability with the Standard Webhooks library.
+
+The expected strings were computed independently of this code, with OpenSSL and coreutils::
+
+    B='{"transactionId":"txn_1","isPaymentSucces":true,"event":"transaction.success"}'
+    printf '%s' "$B" | openssl dgst -sha256 -hmac 'test-secret'
+    printf 'msg_test.1700000000.%s' "$B" | openssl dgst -sha256 -hmac 'test-secret' -binary | base64
+    printf 'msg_test.1700000000.%s' "$B" | openssl dgst -sha256 -hmac 'old-secret' -binary | base64
+    KEY=$(printf 'MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw' | base64 -d | xxd -p | tr -d '\\n')
+    printf 'msg_test.1700000000.%s' "$B" \\
+        | openssl dgst -sha256 -mac HMAC -macopt hexkey:$KEY -binary | base64
+    printf '%s' "$B" | openssl dgst -sha256 -hmac 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'
+    printf 'txn_1\\ntransaction.success\\nshop-main' | openssl dgst -sha256 -binary \\
+        | head -c 20 | base32 | tr A-Z a-z
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+
+import pytest
+from standardwebhooks.webhooks import Webhook as StandardWebhook
+from standardwebhooks.webhooks import WebhookVerificationError
+
+from bridge import __version__
+from bridge.config import Secret, SignatureScheme, Webhook
+from bridge.signing import build_headers, message_id, standard_webhooks_key
+
+BODY = b'{"transactionId":"txn_1","isPaymentSucces":true,"event":"transaction.success"}'
+WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def webhook(
+    secret: str, previous: str | None = None, signature: SignatureScheme = "hmac-sha256"
+) -> Webhook:
+    return Webhook(
+        id="shop-main",
+        account="acct_123",
+        url="https://shop.example.com/hooks",
+        events=frozenset({"transaction.success"}),
+        secret=Secret(secret.encode()),
+        previous_secret=None if previous is None else Secret(previous.encode()),
+        signature=signature,
+    )
+
+
+def test_fixed_vector_raw_secret() -> None:
+    headers = build_headers(webhook("test-secret"), "msg_test", 1_700_000_000, BODY)
+
+    assert headers == {
+        "Content-Type": "application/json",
+        "User-Agent": f"transaction-webhook-bridge/{__version__}",
+        "x-service-secret": "671b011470165bb1cfafc931b84010ef11e31bd51f5b2ae3af1f08b9a0340e08",
+        "webhook-id": "msg_test",
+        "webhook-timestamp": "1700000000",
+        "webhook-signature": "v1,cB/i9BoXXm6X6iYTWfo/H6l5fa+l1gO9xuqkeD3+p8k=",
+    }
+
+
+def test_fixed_vector_whsec_secret_keys_standard_webhooks_with_the_decoded_key() -> None:
+    headers = build_headers(webhook(WHSEC), "msg_test", 1_700_000_000, BODY)
+
+    assert headers["webhook-signature"] == "v1,M3Ocb9MCQx9gAgS79NSjquiUzynP1IEuDzHjvLnWoUk="
+    # x-service-secret is keyed with the secret exactly as configured, prefix included.
+    assert (
+        headers["x-service-secret"]
+        == "53a65d8daa17c1456ac203fe97632ccc490d9538de9b9831b15e476ff5a62705"
+    )
+
+
+def test_fixed_vector_rotation_signs_with_both_secrets_current_first() -> None:
+    headers = build_headers(webhook("test-secret", "old-secret"), "msg_test", 1_700_000_000, BODY)
+
+    assert headers["webhook-signature"] == (
+        "v1,cB/i9BoXXm6X6iYTWfo/H6l5fa+l1gO9xuqkeD3+p8k= "
+        "v1,+MtrHrtVRZFni1NUrdore6T/3Tavlwt/lKfBOoJHr2s="
+    )
+    assert (
+        headers["x-service-secret"]
+        == "671b011470165bb1cfafc931b84010ef11e31bd51f5b2ae3af1f08b9a0340e08"
+    )
+
+
+def test_secret_scheme_sends_the_secret_itself() -> None:
+    headers = build_headers(webhook("test-secret", signature="secret"), "msg_1", 1, BODY)
+    assert headers["x-service-secret"] == "test-secret"
+    assert headers["webhook-signature"].startswith("v1,")
+
+
+def test_message_id_fixed_vector_and_stability() -> None:
+    assert message_id("txn_1", "transaction.success", "shop-main") == (
+        "msg_xbadv7sjltfk2fjeqri6b677od6hr7j2"
+    )
+    first = message_id("txn_1", "transaction.success", "shop-main")
+    assert first == message_id("txn_1", "transaction.success", "shop-main")
+    others = {
+        message_id("txn_2", "transaction.success", "shop-main"),
+        message_id("txn_1", "transaction.failed", "shop-main"),
+        message_id("txn_1", "transaction.success", "shop-alerts"),
+    }
+    assert first not in others
+    assert len(others) == 3
+
+
+def test_standard_webhooks_library_verifies_our_headers() -> None:
+    now = int(time.time())
+    headers = build_headers(webhook(WHSEC), message_id("t", "transaction.success", "w"), now, BODY)
+
+    assert StandardWebhook(WHSEC).verify(BODY, headers) == {
+        "transactionId": "txn_1",
+        "isPaymentSucces": True,
+        "event": "transaction.success",
+    }
+    with pytest.raises(WebhookVerificationError):
+        StandardWebhook("whsec_" + "A" * 32).verify(BODY, headers)
+    with pytest.raises(WebhookVerificationError):
+        StandardWebhook(WHSEC).verify(BODY.replace(b"true", b"false"), headers)
+
+
+def test_standard_webhooks_library_accepts_either_secret_during_rotation() -> None:
+    old = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LW9sZA=="
+    now = int(time.time())
+    headers = build_headers(webhook(WHSEC, previous=old), "msg_rotation", now, BODY)
+
+    for secret in (WHSEC, old):
+        assert StandardWebhook(secret).verify(BODY, headers)["transactionId"] == "txn_1"
+
+
+def test_x_service_secret_verifies_with_compare_digest() -> None:
+    headers = build_headers(webhook("receiver-secret"), "msg_1", int(time.time()), BODY)
+    expected = hmac.new(b"receiver-secret", BODY, hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(headers["x-service-secret"], expected)
+
+
+def test_standard_webhooks_key() -> None:
+    assert standard_webhooks_key(b"plain") == b"plain"
+    assert standard_webhooks_key(b"whsec_aGVsbG8") == b"hello"  # unpadded base64 is accepted
+    for bad in (b"whsec_", b"whsec_%%%"):
+        with pytest.raises(ValueError, match="whsec_"):
+            standard_webhooks_key(bad)
