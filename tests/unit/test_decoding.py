@@ -1,0 +1,329 @@
+"""Tests of bridge.decoding and bridge.encoding: every framing, schema versions, bad bytes."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.decoding import Decoder
+from bridge.encoding import (
+    encode_confluent,
+    encode_plain,
+    encode_single_object,
+    single_object_fingerprint,
+)
+from bridge.errors import DecodeError, RegistryUnavailableError
+
+Factory = Callable[..., dict[str, Any]]
+REFUND_SCHEMA = {
+    "type": "record",
+    "name": "RefundOutcome",
+    "namespace": "payments.refunds",
+    "fields": [{"name": "refundId", "type": "string"}, {"name": "amount", "type": "long"}],
+}
+
+
+class UnavailableSchemaSource:
+    """A schema source whose registry is down."""
+
+    def fetch(self, schema_id: int) -> Any:
+        raise RegistryUnavailableError(f"registry down while fetching schema id {schema_id}")
+
+
+def with_extra_payment_method(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with a PaymentMethod symbol the bridge does not know."""
+    extended = copy.deepcopy(schema)
+    method = next(field for field in extended["fields"] if field["name"] == "method")
+    method["type"]["symbols"].append("BANK_TRANSFER")
+    return extended
+
+
+def assert_decode_error(decoder: Decoder, value: bytes, reason: str) -> DecodeError:
+    """Decoding ``value`` raises a non-retriable DecodeError with ``reason`` and the raw bytes."""
+    with pytest.raises(DecodeError) as caught:
+        decoder.decode(value)
+    error = caught.value
+    assert (error.reason, error.retriable, error.raw) == (reason, False, value), error.detail
+    assert error.detail
+    return error
+
+
+@pytest.fixture
+def confluent_decoder(schema_dir: Path, schema_source: Any) -> Decoder:
+    return Decoder.from_schema_dir(schema_dir, registry=schema_source)
+
+
+@pytest.fixture
+def plain_decoder(schema_dir: Path) -> Decoder:
+    return Decoder.from_schema_dir(schema_dir)
+
+
+# --- Records that decode ------------------------------------------------------------------------
+
+
+def test_v2_record_decodes_to_the_record_written(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    record = make_record(merchantReference="INV-42", stateData='{"a":1}')
+    assert confluent_decoder.decode(encode_confluent(1, reader_schema, record)) == record
+
+
+def test_v1_record_decodes_with_the_v2_reader_schema(
+    confluent_decoder: Decoder, v1_schema: Any, make_record: Factory
+) -> None:
+    record = make_record()
+    del record["merchantReference"]
+    decoded = confluent_decoder.decode(encode_confluent(2, v1_schema, record))
+    assert decoded == {**record, "merchantReference": None}
+
+
+@pytest.mark.parametrize("writer", ["v1", "v2"])
+def test_single_object_records_of_every_schema_file_decode(
+    confluent_decoder: Decoder,
+    plain_decoder: Decoder,
+    reader_schema: Any,
+    v1_schema: Any,
+    make_record: Factory,
+    writer: str,
+) -> None:
+    value = encode_single_object(v1_schema if writer == "v1" else reader_schema, make_record())
+    assert confluent_decoder.decode(value) == plain_decoder.decode(value) == make_record()
+
+
+def test_plain_record_decodes_with_the_configured_writer_schema(
+    schema_dir: Path, v1_schema: Any, make_record: Factory
+) -> None:
+    decoder = Decoder.from_schema_dir(
+        schema_dir, plain_writer_schema_file=schema_dir / "transaction_outcome.v1.avsc"
+    )
+    assert decoder.decode(encode_plain(v1_schema, make_record())) == make_record()
+
+
+def test_registry_copy_of_the_schema_without_docs_decodes(
+    reader_schema: Any, make_record: Factory, make_schema_source: Any
+) -> None:
+    stripped = copy.deepcopy(reader_schema)
+    del stripped["doc"]
+    for field in stripped["fields"]:
+        del field["doc"]
+    decoder = Decoder(reader_schema, registry=make_schema_source({9: stripped}))
+    assert decoder.decode(encode_confluent(9, stripped, make_record())) == make_record()
+
+
+def test_single_object_fingerprint_matches_the_avro_reference_values() -> None:
+    # Values from the Avro specification's test data (Java's parsingFingerprint64).
+    assert single_object_fingerprint("null") == (7195948357588979594).to_bytes(8, "little")
+    assert single_object_fingerprint("int") == (8247732601305521295).to_bytes(8, "little")
+
+
+# --- Fetching writer schemas off the event loop -------------------------------------------------
+
+
+def test_schema_id_to_fetch_names_only_ids_not_loaded_yet(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(1, reader_schema, make_record())
+    assert confluent_decoder.schema_id_to_fetch(value) == 1
+    confluent_decoder.decode(value)
+    assert confluent_decoder.schema_id_to_fetch(value) is None
+    assert (
+        confluent_decoder.schema_id_to_fetch(encode_confluent(7, reader_schema, make_record())) == 7
+    )
+
+
+def test_schema_id_to_fetch_ignores_values_without_a_registry_lookup(
+    confluent_decoder: Decoder, plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    confluent = encode_confluent(1, reader_schema, make_record())
+    assert plain_decoder.schema_id_to_fetch(confluent) is None
+    assert (
+        confluent_decoder.schema_id_to_fetch(encode_single_object(reader_schema, make_record()))
+        is None
+    )
+    assert confluent_decoder.schema_id_to_fetch(b"\x00\x00\x00") is None
+
+
+def test_registry_down_is_retriable_and_not_cached(
+    reader_schema: Any, make_record: Factory
+) -> None:
+    decoder = Decoder(reader_schema, registry=UnavailableSchemaSource())
+    value = encode_confluent(1, reader_schema, make_record())
+    for _ in range(2):
+        with pytest.raises(RegistryUnavailableError) as caught:
+            decoder.decode(value)
+        assert caught.value.retriable
+    assert decoder.schema_id_to_fetch(value) == 1
+
+
+# --- Bytes that are not a transaction record ---------------------------------------------------
+
+
+def test_every_truncation_is_reported_as_truncated(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(1, reader_schema, make_record(stateData='{"a":1}'))
+    for length in range(len(value)):
+        assert_decode_error(confluent_decoder, value[:length], "truncated")
+
+
+def test_truncated_single_object_record(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_single_object(reader_schema, make_record())
+    for length in (2, 9, 10, len(value) - 1):
+        assert_decode_error(plain_decoder, value[:length], "truncated")
+
+
+def test_wrong_magic_byte(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = b"\x01" + encode_confluent(1, reader_schema, make_record())[1:]
+    assert "0x01" in assert_decode_error(confluent_decoder, value, "bad_magic_byte").detail
+
+
+def test_unknown_schema_id(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(404, reader_schema, make_record())
+    assert "404" in assert_decode_error(confluent_decoder, value, "unknown_schema_id").detail
+
+
+def test_unknown_fingerprint(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    unknown_schema = with_extra_payment_method(reader_schema)
+    value = encode_single_object(unknown_schema, make_record())
+    error = assert_decode_error(plain_decoder, value, "unknown_fingerprint")
+    assert single_object_fingerprint(unknown_schema).hex() in error.detail
+
+
+@pytest.mark.parametrize(
+    ("writer_schema", "record"),
+    [
+        (REFUND_SCHEMA, {"refundId": "r-1", "amount": 5}),
+        ("string", "just a string"),
+    ],
+)
+def test_record_of_another_schema(
+    reader_schema: Any, make_schema_source: Any, writer_schema: Any, record: Any
+) -> None:
+    decoder = Decoder(reader_schema, registry=make_schema_source({3: writer_schema}))
+    assert_decode_error(decoder, encode_confluent(3, writer_schema, record), "schema_mismatch")
+    plain = Decoder(reader_schema, plain_writer_schema=writer_schema)
+    assert_decode_error(plain, encode_plain(writer_schema, record), "schema_mismatch")
+
+
+def test_writer_schema_without_a_required_field(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    without_label = copy.deepcopy(reader_schema)
+    without_label["fields"] = [f for f in without_label["fields"] if f["name"] != "label"]
+    decoder = Decoder(reader_schema, registry=make_schema_source({3: without_label}))
+    value = encode_confluent(3, without_label, make_record())
+    assert "label" in assert_decode_error(decoder, value, "schema_mismatch").detail
+
+
+def test_unknown_enum_symbol(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    extended = with_extra_payment_method(reader_schema)
+    decoder = Decoder(reader_schema, registry=make_schema_source({3: extended}))
+    known = encode_confluent(3, extended, make_record(method="CARD"))
+    assert decoder.decode(known)["method"] == "CARD"
+    unknown = encode_confluent(3, extended, make_record(method="BANK_TRANSFER"))
+    assert "BANK_TRANSFER" in assert_decode_error(decoder, unknown, "unknown_enum_symbol").detail
+
+
+def test_invalid_writer_schema_from_the_registry(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    broken = {"type": "record", "name": "Broken", "fields": [{"name": "x", "type": "nothing"}]}
+    decoder = Decoder(reader_schema, registry=make_schema_source({3: broken}))
+    value = encode_confluent(3, reader_schema, make_record())
+    assert "schema id 3" in assert_decode_error(decoder, value, "invalid_writer_schema").detail
+
+
+def test_oversized_record_is_refused_before_decoding(
+    schema_dir: Path, schema_source: Any, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(1, reader_schema, make_record())
+    at_limit = Decoder.from_schema_dir(
+        schema_dir, registry=schema_source, max_record_bytes=len(value)
+    )
+    assert at_limit.decode(value) == make_record()
+    under_limit = Decoder.from_schema_dir(
+        schema_dir, registry=schema_source, max_record_bytes=len(value) - 1
+    )
+    assert str(len(value)) in assert_decode_error(under_limit, value, "oversized").detail
+    assert under_limit.schema_id_to_fetch(value) is None
+    default = Decoder.from_schema_dir(schema_dir, registry=schema_source)
+    assert_decode_error(default, b"\x00" * (1024 * 1024 + 1), "oversized")
+
+
+def test_trailing_bytes(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(1, reader_schema, make_record()) + b"\x00\x00"
+    assert "2 byte(s)" in assert_decode_error(confluent_decoder, value, "trailing_bytes").detail
+
+
+def test_invalid_utf8_text_is_corrupt(
+    confluent_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(1, reader_schema, make_record(transactionId="abcd"))
+    corrupted = value[:6] + b"\xff\xfe\xfd\xfc" + value[10:]
+    assert_decode_error(confluent_decoder, corrupted, "corrupt")
+
+
+# --- Fuzzing: only DecodeError ever escapes ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_targets(schema_dir: Path, schema_source: Any) -> list[Decoder]:
+    return [
+        Decoder.from_schema_dir(schema_dir, registry=schema_source),
+        Decoder.from_schema_dir(schema_dir),
+    ]
+
+
+def decodes_or_refuses(decoders: list[Decoder], value: bytes) -> None:
+    """Each decoder returns a record dict or raises DecodeError carrying the bytes, nothing else."""
+    for decoder in decoders:
+        try:
+            record = decoder.decode(value)
+        except DecodeError as error:
+            assert error.raw == value
+            assert error.reason and error.detail
+        else:
+            assert isinstance(record, dict)
+
+
+@given(value=st.binary(max_size=300))
+def test_random_bytes_raise_only_decode_error(fuzz_targets: list[Decoder], value: bytes) -> None:
+    decodes_or_refuses(fuzz_targets, value)
+
+
+@given(
+    header=st.sampled_from([b"\x00\x00\x00\x00\x01", b"\x00\x00\x00\x00\x02", b""]),
+    body=st.binary(max_size=300),
+)
+def test_random_avro_bodies_raise_only_decode_error(
+    fuzz_targets: list[Decoder], header: bytes, body: bytes
+) -> None:
+    decodes_or_refuses(fuzz_targets, header + body)
+
+
+@given(data=st.data())
+def test_mutated_records_raise_only_decode_error(
+    fuzz_targets: list[Decoder], reader_schema: Any, make_record: Factory, data: st.DataObject
+) -> None:
+    value = bytearray(encode_confluent(1, reader_schema, make_record(stateData='{"k":[1]}')))
+    for _ in range(data.draw(st.integers(1, 4))):
+        value[data.draw(st.integers(0, len(value) - 1))] = data.draw(st.integers(0, 255))
+    decodes_or_refuses(fuzz_targets, bytes(value))

@@ -1,0 +1,250 @@
+"""Tests of bridge.registry against a real Confluent-compatible HTTP server on loopback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from bridge.decoding import Decoder
+from bridge.encoding import encode_confluent
+from bridge.errors import DecodeError, RegistryUnavailableError
+from bridge.registry import SchemaRegistryClient
+
+BASE_PATH = "/apis/ccompat/v7"
+SLOW_ID = 777
+FAILING_ONCE_ID = 500
+PROTOBUF_ID = 600
+GARBAGE_ID = 601
+CONFLICT_SUBJECT = "refused-value"
+
+
+class FakeRegistry(ThreadingHTTPServer):
+    """A Confluent-compatible registry holding schemas in memory, recording every request."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), RegistryHandler)
+        self.schemas: dict[int, str] = {}
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.failed_once: set[int] = set()
+        self.release_slow = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{BASE_PATH}"
+
+
+class RegistryHandler(BaseHTTPRequestHandler):
+    server: FakeRegistry
+
+    def do_GET(self) -> None:
+        self.server.requests.append(("GET", self.path, self.headers.get("Authorization")))
+        prefix = f"{BASE_PATH}/schemas/ids/"
+        if not self.path.startswith(prefix):
+            self._send(404, b"<html>Not Found</html>", "text/html")
+            return
+        schema_id = int(self.path.removeprefix(prefix))
+        if schema_id == SLOW_ID:
+            self.server.release_slow.wait(timeout=10)
+            self._send(500, b"{}")
+        elif schema_id == FAILING_ONCE_ID and schema_id not in self.server.failed_once:
+            self.server.failed_once.add(schema_id)
+            self._json(500, {"error_code": 50001, "message": "Error in the backend data store"})
+        elif schema_id == PROTOBUF_ID:
+            self._json(200, {"schema": 'syntax = "proto3";', "schemaType": "PROTOBUF"})
+        elif schema_id == GARBAGE_ID:
+            self._send(200, b"<html>login page</html>", "text/html")
+        elif schema_id in self.server.schemas:
+            self._json(200, {"schema": self.server.schemas[schema_id]})
+        else:
+            self._json(404, {"error_code": 40403, "message": "Schema not found"})
+
+    def do_POST(self) -> None:
+        self.server.requests.append(("POST", self.path, self.headers.get("Authorization")))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if CONFLICT_SUBJECT in self.path:
+            self._json(
+                409, {"error_code": 409, "message": "Schema being registered is incompatible"}
+            )
+            return
+        schema_text = body["schema"]
+        known = [id_ for id_, text in self.server.schemas.items() if text == schema_text]
+        schema_id = known[0] if known else len(self.server.schemas) + 1
+        self.server.schemas[schema_id] = schema_text
+        self._json(200, {"id": schema_id})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Keep test output quiet."""
+
+    def _json(self, status: int, payload: object) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/vnd.schemaregistry.v1+json")
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def registry_server() -> Iterator[FakeRegistry]:
+    server = FakeRegistry()
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield server
+    server.release_slow.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def client(registry_server: FakeRegistry) -> Iterator[SchemaRegistryClient]:
+    with SchemaRegistryClient(registry_server.url, timeout=2.0) as registry_client:
+        yield registry_client
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_fetch_reads_the_schema_once_then_serves_it_from_cache(
+    registry_server: FakeRegistry, client: SchemaRegistryClient, reader_schema: Any
+) -> None:
+    registry_server.schemas[1] = json.dumps(reader_schema)
+    assert client.cached(1) is None
+    assert client.fetch(1) == reader_schema
+    assert client.fetch(1) == reader_schema
+    assert client.cached(1) == reader_schema
+    assert [path for _, path, _ in registry_server.requests] == [f"{BASE_PATH}/schemas/ids/1"]
+
+
+def test_unknown_schema_id_is_a_bad_record(client: SchemaRegistryClient) -> None:
+    with pytest.raises(DecodeError) as caught:
+        client.fetch(42)
+    assert (caught.value.reason, caught.value.retriable) == ("unknown_schema_id", False)
+    assert "42" in caught.value.detail
+
+
+def test_404_without_the_registry_error_code_means_a_wrong_url(
+    registry_server: FakeRegistry,
+) -> None:
+    wrong_base = registry_server.url.removesuffix(BASE_PATH)
+    with (
+        SchemaRegistryClient(wrong_base) as client,
+        pytest.raises(RegistryUnavailableError) as caught,
+    ):
+        client.fetch(1)
+    assert caught.value.retriable
+    assert "404" in str(caught.value)
+
+
+def test_server_error_is_retriable_and_the_next_fetch_succeeds(
+    registry_server: FakeRegistry, client: SchemaRegistryClient, reader_schema: Any
+) -> None:
+    registry_server.schemas[FAILING_ONCE_ID] = json.dumps(reader_schema)
+    with pytest.raises(RegistryUnavailableError) as caught:
+        client.fetch(FAILING_ONCE_ID)
+    assert caught.value.retriable
+    assert "HTTP 500" in str(caught.value)
+    assert client.fetch(FAILING_ONCE_ID) == reader_schema
+
+
+def test_connection_refused_is_retriable() -> None:
+    client = SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}")
+    with client, pytest.raises(RegistryUnavailableError) as caught:
+        client.fetch(1)
+    assert "unreachable" in str(caught.value)
+
+
+def test_timeout_is_retriable(registry_server: FakeRegistry) -> None:
+    client = SchemaRegistryClient(registry_server.url, timeout=0.2)
+    with client, pytest.raises(RegistryUnavailableError) as caught:
+        client.fetch(SLOW_ID)
+    assert "Timeout" in str(caught.value)
+
+
+def test_unreadable_answer_is_retriable(client: SchemaRegistryClient) -> None:
+    with pytest.raises(RegistryUnavailableError):
+        client.fetch(GARBAGE_ID)
+
+
+def test_schema_that_is_not_avro_is_a_bad_record(client: SchemaRegistryClient) -> None:
+    with pytest.raises(DecodeError) as caught:
+        client.fetch(PROTOBUF_ID)
+    assert caught.value.reason == "unsupported_schema_type"
+    assert "PROTOBUF" in caught.value.detail
+
+
+def test_register_returns_the_id_that_fetch_reads(
+    registry_server: FakeRegistry, client: SchemaRegistryClient, reader_schema: Any
+) -> None:
+    schema_id = client.register("payments/transactions-value", reader_schema)
+    assert client.register("payments/transactions-value", reader_schema) == schema_id
+    method, path, _ = registry_server.requests[0]
+    assert (method, path) == (
+        "POST",
+        f"{BASE_PATH}/subjects/payments%2Ftransactions-value/versions",
+    )
+    with SchemaRegistryClient(registry_server.url) as fresh_client:
+        assert fresh_client.fetch(schema_id) == reader_schema
+
+
+def test_refused_registration_says_why(client: SchemaRegistryClient, reader_schema: Any) -> None:
+    with pytest.raises(ValueError, match="incompatible"):
+        client.register(CONFLICT_SUBJECT, reader_schema)
+
+
+def test_basic_auth_is_sent(registry_server: FakeRegistry, reader_schema: Any) -> None:
+    registry_server.schemas[1] = json.dumps(reader_schema)
+    with SchemaRegistryClient(registry_server.url, auth=("key", "secret")) as client:
+        client.fetch(1)
+    expected = "Basic " + base64.b64encode(b"key:secret").decode()
+    assert registry_server.requests[0][2] == expected
+
+
+def test_decoder_fetches_through_the_registry_once(
+    registry_server: FakeRegistry,
+    client: SchemaRegistryClient,
+    reader_schema: Any,
+    make_record: Callable[..., dict[str, Any]],
+) -> None:
+    schema_id = client.register("transactions-value", reader_schema)
+    value = encode_confluent(schema_id, reader_schema, make_record())
+    unknown = encode_confluent(99, reader_schema, make_record())
+    with SchemaRegistryClient(registry_server.url) as consumer_side:
+        decoder = Decoder(reader_schema, registry=consumer_side)
+        assert decoder.schema_id_to_fetch(value) == schema_id
+        assert decoder.decode(value) == make_record()
+        assert decoder.decode(value) == make_record()
+        assert decoder.schema_id_to_fetch(value) is None
+        with pytest.raises(DecodeError) as caught:
+            decoder.decode(unknown)
+
+    assert (caught.value.reason, caught.value.raw) == ("unknown_schema_id", unknown)
+    assert [path for _, path, _ in registry_server.requests[1:]] == [
+        f"{BASE_PATH}/schemas/ids/{schema_id}",
+        f"{BASE_PATH}/schemas/ids/99",
+    ]
+
+
+def test_decoder_keeps_good_records_when_the_registry_is_down(
+    reader_schema: Any, make_record: Callable[..., dict[str, Any]]
+) -> None:
+    with SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}") as down:
+        decoder = Decoder(reader_schema, registry=down)
+        with pytest.raises(RegistryUnavailableError):
+            decoder.decode(encode_confluent(1, reader_schema, make_record()))
