@@ -86,8 +86,14 @@ def kafka_libs() -> Path:
         started = time.monotonic()
         result = _run(
             [
-                "mvn", "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}",
-                "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(POM),
+                f"-Dkafka.version={version}",
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={staging}",
                 "-DincludeScope=runtime",
             ]
         )
@@ -104,7 +110,9 @@ def kafka_libs() -> Path:
         failures.append(f"{version}: {last_line[0][:300]}")
         if "Could not transfer" in result.stdout + result.stderr:
             break  # the network, not the version: trying older versions will not help
-    raise BrokerError("no Kafka 4.x version resolved from Maven Central:\n  " + "\n  ".join(failures))
+    raise BrokerError(
+        "no Kafka 4.x version resolved from Maven Central:\n  " + "\n  ".join(failures)
+    )
 
 
 def free_port() -> int:
@@ -204,9 +212,16 @@ class Broker:
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
         return [
-            "java", "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            "java",
+            "-Xms128m",
+            "-Xmx512m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{self.home / 'log4j2.properties'}",
-            "-cp", f"{libs}/*", main, *args,
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
         ]
 
     def log_tail(self, lines: int = 30) -> str:
@@ -239,8 +254,16 @@ class Broker:
             cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
             cid = cluster_id.stdout.strip() or str(uuid.uuid4())
             fmt = _run(
-                self._java(libs, "kafka.tools.StorageTool", "format", "--standalone",
-                           "-t", cid, "-c", str(props))
+                self._java(
+                    libs,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    "-t",
+                    cid,
+                    "-c",
+                    str(props),
+                )
             )
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
@@ -251,7 +274,9 @@ class Broker:
         with (self.home / "broker.out").open("w") as out:
             process = subprocess.Popen(
                 self._java(libs, "kafka.Kafka", str(props)),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self._process = process
         self.pid_file.write_text(str(process.pid))
@@ -328,8 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     """``deploy/kafka/broker.py start|stop|status|fetch``: manage the development broker."""
     parser = argparse.ArgumentParser(prog="broker.py", description=__doc__)
     parser.add_argument("command", choices=["start", "stop", "status", "fetch"])
-    parser.add_argument("--home", type=Path, default=CACHE / "broker",
-                        help="state folder (pid, ports, data, logs); default .cache/broker")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=CACHE / "broker",
+        help="state folder (pid, ports, data, logs); default .cache/broker",
+    )
     parser.add_argument("--port", type=int, default=None, help="broker port (default: a free one)")
     args = parser.parse_args(argv)
     broker = Broker(args.home)

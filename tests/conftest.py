@@ -1,4 +1,4 @@
-"""Session-wide fixtures: the real Kafka broker (or the cluster named by KAFKA_BOOTSTRAP_SERVERS)."""
+"""Session-wide fixtures: the real Kafka broker, or the cluster in KAFKA_BOOTSTRAP_SERVERS."""
 
 from __future__ import annotations
 

@@ -59,7 +59,9 @@ def produce(
 
     for value in values:
         extra = {} if partition is None else {"partition": partition}
-        producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **extra)
+        producer.produce(
+            topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **extra
+        )
     remaining = producer.flush(30)
     if errors or remaining:
         raise AssertionError(f"produce failed: {errors or f'{remaining} not delivered'}")
@@ -74,7 +76,7 @@ def consume(
     timeout: float = 30.0,
     commit: bool = False,
 ) -> list[Message]:
-    """Consume ``count`` records from ``topic`` through a consumer group, waiting at most ``timeout``."""
+    """Consume ``count`` records from ``topic`` through a consumer group within ``timeout``."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -100,7 +102,9 @@ def consume(
     finally:
         consumer.close()
     if len(received) < count:
-        raise AssertionError(f"consumed {len(received)} of {count} records from {topic} in {timeout}s")
+        raise AssertionError(
+            f"consumed {len(received)} of {count} records from {topic} in {timeout}s"
+        )
     return received
 
 

@@ -1,4 +1,4 @@
-"""The harness works end to end: topic, produce, consume through a group, commit, read the offset."""
+"""The harness end to end: topic, produce, consume through a group, commit, read the offset."""
 
 from __future__ import annotations
 

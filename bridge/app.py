@@ -1,0 +1,158 @@
+"""App lifecycle for ``bridge run``: build the pipeline from the configuration, serve the operator
+port, watch the configuration file, and shut down cleanly on SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from bridge.config import Config
+from bridge.consumer import ThreadedConsumer, consumer_settings
+from bridge.decoding import Decoder
+from bridge.delivery import HttpSender
+from bridge.errors import ConfigError
+from bridge.health import health_app, start_health_server
+from bridge.metrics import Metrics
+from bridge.netsafety import DestinationPolicy
+from bridge.pipeline import Pipeline
+from bridge.producer import DurableProducer
+from bridge.registry import SchemaRegistryClient
+from bridge.reload import ConfigWatcher
+
+log = logging.getLogger("bridge.app")
+
+
+def build_decoder(config: Config) -> Decoder:
+    """The decoder the configuration asks for: registry-framed or registry-less."""
+    registry = None
+    if config.schemas.mode == "registry":
+        assert config.schemas.registry_url is not None  # guaranteed by the loader
+        registry = SchemaRegistryClient(config.schemas.registry_url)
+    return Decoder.from_schema_dir(
+        config.schemas.directory,
+        registry=registry,
+        max_record_bytes=config.schemas.max_record_bytes,
+    )
+
+
+def destination_policy(config: Config) -> DestinationPolicy:
+    """The outbound address policy of the ``delivery`` section."""
+    return DestinationPolicy(
+        config.delivery.allow_private_networks, config.delivery.allowed_networks
+    )
+
+
+class App:
+    """Everything ``bridge run`` starts, wired together."""
+
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.broker_up = False
+        settings = config.kafka_settings()
+        self.consumer = ThreadedConsumer(
+            consumer_settings(
+                settings,
+                config.kafka.group_id,
+                {
+                    "statistics.interval.ms": 5000,
+                    "stats_cb": self._on_stats,
+                    "error_cb": self._on_kafka_error,
+                    "log_level": 3,
+                },
+            )
+        )
+        self.producer = DurableProducer(
+            {**settings, "error_cb": self._on_kafka_error, "log_level": 3}
+        )
+        self.sender = HttpSender(
+            destination_policy(config),
+            connect_timeout=config.delivery.connect_timeout_seconds,
+            body_limit=config.delivery.response_body_limit_bytes,
+        )
+        self.pipeline = Pipeline(
+            config,
+            consumer=self.consumer,
+            producer=self.producer,
+            sender=self.sender,
+            decoder=build_decoder(config),
+            metrics=self.metrics,
+        )
+        self.stop_requested = asyncio.Event()
+
+    def _on_stats(self, stats_json: str) -> None:
+        self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
+
+    def _on_kafka_error(self, error: Any) -> None:
+        if error.code() in (-187, -195):  # _ALL_BROKERS_DOWN, _TRANSPORT
+            self.broker_up = False
+        log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
+
+    def readiness(self) -> dict[str, bool]:
+        """The checks behind ``/readyz``."""
+        return {
+            "config_loaded": True,
+            "broker_reachable": self.broker_up or self.pipeline.broker_reachable,
+            "consuming": not self.pipeline.stopping,
+        }
+
+    def _apply(self, config: Config) -> None:
+        self.pipeline.apply_config(config)
+        self.metrics.config_reloads.labels("applied").inc()
+        log.info("config.reloaded", extra={"fields": {"webhooks": len(config.webhooks)}})
+
+    def _rejected(self, error: ConfigError) -> None:
+        self.metrics.config_reloads.labels("rejected").inc()
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown (SIGTERM/SIGINT)."""
+        if not self.stop_requested.is_set():
+            log.info("shutdown.requested")
+            self.stop_requested.set()
+
+    async def run(self) -> None:
+        """Run until a stop is requested, then drain, commit and leave the group."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        self.pipeline.broker_reachable = False
+        runner = await start_health_server(
+            health_app(self.registry, lambda: self.pipeline.last_loop, self.readiness),
+            self.config.metrics.host,
+            self.config.metrics.port,
+        )
+        watcher = ConfigWatcher(self.config, self._apply, self._rejected)
+        watch_task = asyncio.create_task(watcher.run())
+        run_task = asyncio.create_task(self.pipeline.run())
+        log.info(
+            "bridge.started",
+            extra={
+                "fields": {
+                    "topics": self.pipeline.topics(),
+                    "group": self.config.kafka.group_id,
+                    "webhooks": len(self.config.webhooks),
+                    "metrics_port": self.config.metrics.port,
+                }
+            },
+        )
+        stop_task = asyncio.create_task(self.stop_requested.wait())
+        await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        self.pipeline.stopping = True
+        try:
+            await run_task  # re-raises if the consume loop failed
+        finally:
+            stop_task.cancel()
+            watch_task.cancel()
+            grace = self.config.delivery.shutdown_grace_seconds
+            await self.pipeline.drain(grace)
+            await self.consumer.close()
+            left = await loop.run_in_executor(None, self.producer.close, 10.0)
+            await self.sender.close()
+            await runner.cleanup()
+            log.info("bridge.stopped", extra={"fields": {"undelivered_bridge_records": left}})

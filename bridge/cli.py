@@ -1,0 +1,337 @@
+"""The ``bridge`` command line (also ``python -m bridge``).
+
+Exit codes: 0 success; 1 the command ran and failed (a delivery not received, Kafka unreachable);
+2 bad usage or invalid configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from bridge import __version__
+from bridge.config import Config, load_config
+from bridge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bridge.dlq import Selection
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CONFIG_ENV = "BRIDGE_CONFIG"
+
+
+class CliError(Exception):
+    """A failure to report as one clear line (with a hint) and an exit code."""
+
+    def __init__(self, message: str, hint: str = "", code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.code = code
+
+
+def _color(text: str, code: str, stream: object = sys.stdout) -> str:
+    isatty = getattr(stream, "isatty", lambda: False)()
+    if not isatty or os.environ.get("NO_COLOR"):
+        return text
+    return f"\033[{code}m{text}\033[0m"
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = args.config or os.environ.get(CONFIG_ENV)
+    if not path:
+        raise CliError(
+            "no configuration file given",
+            hint=f"pass --config FILE or set {CONFIG_ENV} (see config/bridge.example.yaml)",
+            code=EXIT_USAGE,
+        )
+    return load_config(path)
+
+
+def parse_time(text: str, now: float | None = None) -> int:
+    """A time filter as unix ms: ISO 8601 (``2026-03-14T09:00:00Z``) or an age (``90m``)."""
+    now = time.time() if now is None else now
+    age = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if age:
+        seconds = int(age.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
+        return int((now - seconds) * 1000)
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an ISO 8601 time nor an age like 30m, 2h, 7d"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+# ---- commands ----------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Consume and deliver until SIGTERM/SIGINT."""
+    from bridge import logs
+
+    config = _load(args)
+    logs.configure(config.logging.format, config.logging.level)
+    asyncio.run(_run_app(config))
+    return EXIT_OK
+
+
+async def _run_app(config: Config) -> None:
+    from bridge.app import App
+
+    await App(config).run()
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate the configuration and schemas, print the webhooks, and reach Kafka."""
+    from bridge.app import build_decoder
+
+    config = _load(args)
+    build_decoder(config)
+    rows = [
+        [
+            w.id,
+            w.account,
+            ",".join(sorted(w.events)),
+            urlsplit(w.url).netloc,
+            w.signature,
+            "yes" if w.enabled else "no",
+        ]
+        for w in config.webhooks
+    ]
+    print(f"{config.path}: valid; {len(config.webhooks)} webhook(s)")
+    if rows:
+        print(_table(rows, ["ID", "ACCOUNT", "EVENTS", "HOST", "SCHEME", "ENABLED"]))
+    print(
+        f"topics: source {config.topics.source}, {len(config.delay_topics)} delay rung(s), "
+        f"dead letters {config.dead_letter_topic}"
+    )
+    if args.offline:
+        return EXIT_OK
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**config.kafka_settings(), "log_level": 0})
+    try:
+        metadata = admin.list_topics(timeout=args.timeout)
+    except Exception as exc:
+        raise CliError(
+            f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
+            hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
+        ) from exc
+    needed = [config.topics.source, *config.delay_topics, config.dead_letter_topic]
+    missing = [t for t in needed if t not in metadata.topics]
+    print(f"kafka: {len(metadata.brokers)} broker(s) reachable at {config.kafka.bootstrap_servers}")
+    if missing:
+        raise CliError(
+            f"missing topics: {', '.join(missing)}", hint="run `bridge topics` to create them"
+        )
+    return EXIT_OK
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    """Create the source, delay and dead-letter topics (or print the plan with --dry-run)."""
+    from bridge.topics import apply_plan, plan_topics
+
+    config = _load(args)
+    plans = plan_topics(config)
+    rows = [
+        [
+            p.name,
+            p.role,
+            str(p.partitions),
+            str(p.replication_factor),
+            str(int(p.settings["retention.ms"]) // 3_600_000) + "h",
+        ]
+        for p in plans
+    ]
+    print(_table(rows, ["TOPIC", "ROLE", "PARTITIONS", "REPLICAS", "RETENTION"]))
+    if args.dry_run:
+        return EXIT_OK
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**config.kafka_settings(), "log_level": 0})
+    report = apply_plan(admin, plans)
+    for name in report.created:
+        print(f"created {name}")
+    for name in report.unchanged:
+        print(f"exists  {name}")
+    for problem in report.differences:
+        print(_color(f"differs {problem} (left unchanged)", "33"))
+    return EXIT_FAILED if report.differences else EXIT_OK
+
+
+def cmd_test_webhook(args: argparse.Namespace) -> int:
+    """Send one signed test delivery to a webhook and print whether it counts as received."""
+    from bridge.testdelivery import send_test_delivery
+
+    config = _load(args)
+    webhook = next((w for w in config.webhooks if w.id == args.webhook_id), None)
+    if webhook is None:
+        known = ", ".join(w.id for w in config.webhooks) or "none"
+        raise CliError(
+            f"no webhook {args.webhook_id!r} in {config.path}",
+            hint=f"known: {known}",
+            code=EXIT_USAGE,
+        )
+    result = asyncio.run(send_test_delivery(config, webhook))
+    verdict = _color("received", "32") if result.outcome.received else _color("NOT received", "31")
+    print(
+        f"webhook {webhook.id}: {result.outcome.describe()} in "
+        f"{result.outcome.duration * 1000:.0f} ms -> {verdict}"
+    )
+    print(f"webhook-id {result.message_id}")
+    return EXIT_OK if result.outcome.received else EXIT_FAILED
+
+
+def _selection(args: argparse.Namespace) -> Selection:
+    from bridge.dlq import Selection
+
+    return Selection(args.webhook, args.reason, args.since, args.until)
+
+
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    """Print dead letters as a table."""
+    from bridge.dlq import read_dead_letters
+
+    config = _load(args)
+    selection = _selection(args)
+    now = time.time_ns() // 1_000_000
+    rows = [letter.row(now) for letter in read_dead_letters(config) if selection.matches(letter)]
+    if args.limit:
+        rows = rows[-args.limit :]
+    print(_table(rows, ["AT", "KIND", "WEBHOOK", "REASON", "ATTEMPTS", "LAST", "AGE"]))
+    print(f"{len(rows)} dead letter(s)")
+    return EXIT_OK
+
+
+def cmd_dlq_replay(args: argparse.Namespace) -> int:
+    """Re-inject selected dead letters at attempt 0."""
+    from bridge.dlq import read_dead_letters, replay
+
+    config = _load(args)
+    if not (args.all or args.webhook or args.reason or args.since or args.until):
+        raise CliError(
+            "say which dead letters to replay",
+            hint="use --all, or filter with --webhook, --reason, --since, --until",
+            code=EXIT_USAGE,
+        )
+    selection = _selection(args)
+    letters = [letter for letter in read_dead_letters(config) if selection.matches(letter)]
+    if not letters:
+        print("no dead letters match")
+        return EXIT_OK
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rreplaying {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    count = replay(config, letters, progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    print(f"replayed {count} of {len(letters)} dead letter(s)")
+    return EXIT_OK if count == len(letters) else EXIT_FAILED
+
+
+# ---- parser ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="bridge",
+        description="Kafka-to-webhook bridge for transaction notifications.",
+        epilog="Exit codes: 0 success, 1 failure, 2 bad usage or invalid configuration.",
+    )
+    parser.add_argument("--version", action="version", version=f"bridge {__version__}")
+    config_parent = argparse.ArgumentParser(add_help=False)
+    config_parent.add_argument(
+        "-c", "--config", help=f"configuration file (default: ${CONFIG_ENV})"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", parents=[config_parent], help="consume and deliver (the service)")
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser(
+        "check",
+        parents=[config_parent],
+        help="validate config and schemas, list webhooks, reach Kafka",
+    )
+    check.add_argument("--offline", action="store_true", help="do not contact Kafka")
+    check.add_argument("--timeout", type=float, default=10.0, help="Kafka timeout in seconds")
+    check.set_defaults(func=cmd_check)
+
+    topics = sub.add_parser(
+        "topics", parents=[config_parent], help="create the source, delay and dead-letter topics"
+    )
+    topics.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    topics.set_defaults(func=cmd_topics)
+
+    test = sub.add_parser(
+        "test-webhook", parents=[config_parent], help="send one signed test delivery to a webhook"
+    )
+    test.add_argument("webhook_id", metavar="ID", help="the webhook's id in the configuration")
+    test.set_defaults(func=cmd_test_webhook)
+
+    dlq = sub.add_parser("dlq", help="list or replay dead letters")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
+    filters = argparse.ArgumentParser(add_help=False, parents=[config_parent])
+    filters.add_argument("--webhook", help="only this webhook id")
+    filters.add_argument("--reason", help="only this reason (e.g. retries_exhausted, truncated)")
+    filters.add_argument(
+        "--since", type=parse_time, help="dead-lettered at or after (ISO time or age: 2h)"
+    )
+    filters.add_argument(
+        "--until", type=parse_time, help="dead-lettered at or before (ISO time or age)"
+    )
+    dlq_list = dlq_sub.add_parser("list", parents=[filters], help="print dead letters as a table")
+    dlq_list.add_argument("--limit", type=int, default=0, help="only the last N")
+    dlq_list.set_defaults(func=cmd_dlq_list)
+    dlq_replay = dlq_sub.add_parser(
+        "replay", parents=[filters], help="re-inject dead letters at attempt 0"
+    )
+    dlq_replay.add_argument("--all", action="store_true", help="replay every dead letter")
+    dlq_replay.set_defaults(func=cmd_dlq_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""The records the bridge writes to its own topics: delay-topic retries and dead letters.
+
+A delay-topic record carries one delivery: the exact body as value, and in headers the webhook, the
+``webhook-id``, the attempt due, the due time, the last error and the original coordinates.
+A dead letter carries either that same delivery (``kind=delivery``) or a poison source record's raw
+bytes (``kind=poison``), with the reason and when it happened. Header names start with ``bridge-``;
+secrets never appear in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+Headers = list[tuple[str, bytes]]
+
+H_WEBHOOK = "bridge-webhook"
+H_MESSAGE_ID = "bridge-message-id"
+H_EVENT = "bridge-event"
+H_TRANSACTION = "bridge-transaction-id"
+H_ATTEMPT = "bridge-attempt"
+H_DUE = "bridge-due-ms"
+H_LAST_STATUS = "bridge-last-status"
+H_LAST_ERROR = "bridge-last-error"
+H_SOURCE_TOPIC = "bridge-source-topic"
+H_SOURCE_PARTITION = "bridge-source-partition"
+H_SOURCE_OFFSET = "bridge-source-offset"
+H_SOURCE_TIMESTAMP = "bridge-source-timestamp-ms"
+H_DEFERRALS = "bridge-deferrals"
+H_KIND = "bridge-kind"
+H_REASON = "bridge-reason"
+H_DETAIL = "bridge-detail"
+H_ATTEMPTS = "bridge-attempts"
+H_DEAD_LETTERED = "bridge-dead-lettered-ms"
+
+KIND_DELIVERY = "delivery"
+KIND_POISON = "poison"
+
+
+class EnvelopeError(ValueError):
+    """A record in a bridge topic lacks a header the bridge needs or has a malformed one."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    """Where a record came from: the original topic, partition, offset and record timestamp."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDelivery:
+    """One delivery of one event to one webhook, as it travels through the retry ladder."""
+
+    webhook_id: str
+    message_id: str
+    event: str
+    transaction_id: str
+    body: bytes
+    attempt: int
+    source: SourceRef
+    key: bytes | None = None
+    due_ms: int = 0
+    last_status: int | None = None
+    last_error: str = ""
+    deferrals: int = 0
+
+    def next(
+        self, attempt: int, due_ms: int, status: int | None, error: str, deferred: bool = False
+    ) -> PendingDelivery:
+        """The same delivery, rescheduled as ``attempt`` at ``due_ms`` after ``error``."""
+        return replace(
+            self,
+            attempt=attempt,
+            due_ms=due_ms,
+            last_status=status if not deferred else self.last_status,
+            last_error=error if not deferred else self.last_error,
+            deferrals=self.deferrals + (1 if deferred else 0),
+        )
+
+
+def _common(delivery: PendingDelivery) -> Headers:
+    source = delivery.source
+    return [
+        (H_KIND, KIND_DELIVERY.encode()),
+        (H_WEBHOOK, delivery.webhook_id.encode()),
+        (H_MESSAGE_ID, delivery.message_id.encode()),
+        (H_EVENT, delivery.event.encode()),
+        (H_TRANSACTION, delivery.transaction_id.encode()),
+        (H_ATTEMPT, str(delivery.attempt).encode()),
+        (
+            H_LAST_STATUS,
+            b"" if delivery.last_status is None else str(delivery.last_status).encode(),
+        ),
+        (H_LAST_ERROR, delivery.last_error.encode()),
+        (H_SOURCE_TOPIC, source.topic.encode()),
+        (H_SOURCE_PARTITION, str(source.partition).encode()),
+        (H_SOURCE_OFFSET, str(source.offset).encode()),
+        (H_SOURCE_TIMESTAMP, str(source.timestamp_ms).encode()),
+        (H_DEFERRALS, str(delivery.deferrals).encode()),
+    ]
+
+
+def delay_headers(delivery: PendingDelivery) -> Headers:
+    """Headers of a delay-topic record for ``delivery``."""
+    return [*_common(delivery), (H_DUE, str(delivery.due_ms).encode())]
+
+
+def dead_letter_headers(
+    delivery: PendingDelivery, reason: str, attempts: int, now_ms: int
+) -> Headers:
+    """Headers of a dead letter for a delivery that never got through."""
+    return [
+        *_common(delivery),
+        (H_REASON, reason.encode()),
+        (H_ATTEMPTS, str(attempts).encode()),
+        (H_DEAD_LETTERED, str(now_ms).encode()),
+    ]
+
+
+def poison_headers(source: SourceRef, reason: str, detail: str, now_ms: int) -> Headers:
+    """Headers of a dead letter for a source record that cannot be decoded or mapped."""
+    return [
+        (H_KIND, KIND_POISON.encode()),
+        (H_REASON, reason.encode()),
+        (H_DETAIL, detail[:1000].encode()),
+        (H_SOURCE_TOPIC, source.topic.encode()),
+        (H_SOURCE_PARTITION, str(source.partition).encode()),
+        (H_SOURCE_OFFSET, str(source.offset).encode()),
+        (H_SOURCE_TIMESTAMP, str(source.timestamp_ms).encode()),
+        (H_DEAD_LETTERED, str(now_ms).encode()),
+    ]
+
+
+def header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """Headers as a dict of text (the last value of a repeated header wins)."""
+    return {name: (value or b"").decode("utf-8", "replace") for name, value in headers or ()}
+
+
+def _int(values: dict[str, str], name: str) -> int:
+    try:
+        return int(values[name])
+    except KeyError:
+        raise EnvelopeError(f"header {name!r} is missing") from None
+    except ValueError:
+        raise EnvelopeError(f"header {name!r} is not an integer: {values[name]!r}") from None
+
+
+def _text(values: dict[str, str], name: str) -> str:
+    try:
+        return values[name]
+    except KeyError:
+        raise EnvelopeError(f"header {name!r} is missing") from None
+
+
+def parse_delivery(
+    headers: Sequence[tuple[str, bytes | None]] | None, body: bytes | None, key: bytes | None
+) -> PendingDelivery:
+    """Read a delay-topic record (or a ``kind=delivery`` dead letter) back into a delivery."""
+    values = header_map(headers)
+    if body is None:
+        raise EnvelopeError("the record has no body")
+    status = values.get(H_LAST_STATUS, "")
+    return PendingDelivery(
+        webhook_id=_text(values, H_WEBHOOK),
+        message_id=_text(values, H_MESSAGE_ID),
+        event=_text(values, H_EVENT),
+        transaction_id=values.get(H_TRANSACTION, ""),
+        body=body,
+        attempt=_int(values, H_ATTEMPT),
+        source=SourceRef(
+            topic=_text(values, H_SOURCE_TOPIC),
+            partition=_int(values, H_SOURCE_PARTITION),
+            offset=_int(values, H_SOURCE_OFFSET),
+            timestamp_ms=_int(values, H_SOURCE_TIMESTAMP),
+        ),
+        key=key,
+        due_ms=int(values.get(H_DUE) or 0),
+        last_status=int(status) if status.isdigit() else None,
+        last_error=values.get(H_LAST_ERROR, ""),
+        deferrals=int(values.get(H_DEFERRALS) or 0),
+    )

@@ -1,0 +1,641 @@
+"""The delivery engine: from consumed records to received notifications, retries and dead letters.
+
+One consumer (one consumer group) reads the source topic and every delay topic of the retry
+ladder. A source record is decoded, mapped and matched to webhooks; each match is one delivery,
+run concurrently under a per-webhook limit and a process-wide in-flight limit. A delivery that is
+not received goes to the next rung's delay topic, or after the last rung to the dead-letter topic.
+A record is finished when each of its deliveries was received or durably handed to a bridge topic;
+only then can its offset (as the end of a contiguous prefix of finished records) be committed.
+
+Flow control never uses an unbounded queue: at the in-flight limit every partition is paused;
+a delay-topic partition whose head is not yet due is paused alone until it is due. Records fetched
+for a paused partition are dropped and fetched again after a seek to the first unprocessed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from bridge.config import Config, Webhook
+from bridge.consumer import TP, ThreadedConsumer
+from bridge.decoding import Decoder
+from bridge.delivery import HttpSender, Outcome, build_request
+from bridge.envelope import (
+    EnvelopeError,
+    PendingDelivery,
+    SourceRef,
+    dead_letter_headers,
+    delay_headers,
+    parse_delivery,
+    poison_headers,
+)
+from bridge.errors import RecordError, RegistryUnavailableError
+from bridge.mapping import to_notification
+from bridge.metrics import Metrics, status_class
+from bridge.offsets import OffsetTracker
+from bridge.producer import DurableProducer, ProduceError
+from bridge.retry import GiveUp, RetryPolicy
+from bridge.signing import message_id
+from bridge.subscriptions import Subscriptions
+
+log = logging.getLogger("bridge.pipeline")
+
+FETCH_BATCH = 500
+IDLE_POLL_S = 0.05
+REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+RESUME_FRACTION = 0.75
+REVOKE_DRAIN_S = 10.0
+
+
+def now_ms() -> int:
+    """Wall-clock time in milliseconds (the unit of Kafka timestamps and due times)."""
+    return time.time_ns() // 1_000_000
+
+
+class Lane:
+    """A per-webhook concurrency limit whose waiters give up after a deadline (FIFO, bounded)."""
+
+    __slots__ = ("active", "limit", "waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self.waiters: deque[asyncio.Future[bool]] = deque()
+
+    def try_acquire(self) -> bool:
+        """Take a slot at once if one is free and nobody is waiting."""
+        if self.active < self.limit and not self.waiters:
+            self.active += 1
+            return True
+        return False
+
+    async def acquire(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a slot; False if none came."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
+        self.waiters.append(waiter)
+        expiry = loop.call_later(timeout, _expire, waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.release()  # the slot was handed over just as we were cancelled
+            raise
+        finally:
+            expiry.cancel()
+
+    def release(self) -> None:
+        """Give the slot to the first live waiter, or free it."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self.active -= 1
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+@dataclass(slots=True)
+class RecordWork:
+    """A consumed record and how many of its deliveries are not yet finished."""
+
+    tp: TP
+    offset: int
+    remaining: int
+
+
+class Pipeline:
+    """Consumes, delivers, retries and dead-letters; owns offsets and flow control."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        consumer: ThreadedConsumer,
+        producer: DurableProducer,
+        sender: HttpSender,
+        decoder: Decoder,
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.subscriptions = Subscriptions(config.webhooks)
+        self.consumer = consumer
+        self.producer = producer
+        self.sender = sender
+        self.decoder = decoder
+        self.metrics = metrics
+        self.policy = RetryPolicy.from_config(config)
+        self.source_topic = config.topics.source
+        self.dead_letter_topic = config.dead_letter_topic
+        self.max_in_flight = config.delivery.max_in_flight
+        self.queue_timeout = config.retry.first_delay_ms / 1000
+        self.lanes: dict[str, Lane] = {}
+        self.trackers: dict[TP, OffsetTracker] = {}
+        self.next_offset: dict[TP, int] = {}
+        self.holds: dict[TP, float] = {}  # partition -> monotonic time when it may resume
+        self.paused: set[TP] = set()
+        self.dirty: set[TP] = set()
+        self.tasks: dict[TP, set[asyncio.Task[None]]] = {}
+        self.in_flight = 0
+        self.backpressure = False
+        self.stopping = False
+        self.handing_off = False
+        self.broker_reachable = False
+        self.last_loop = time.monotonic()
+        self._registry_failures: dict[TP, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- configuration ---------------------------------------------------------------------
+
+    def apply_config(self, config: Config) -> None:
+        """Swap in a new webhook set: new deliveries use it, deliveries in flight keep theirs."""
+        self.config = config
+        self.subscriptions = Subscriptions(config.webhooks)
+        for webhook in config.webhooks:
+            lane = self.lanes.get(webhook.id)
+            if lane is not None:
+                lane.limit = webhook.concurrency
+        self.metrics.webhooks_configured.set(sum(1 for w in config.webhooks if w.enabled))
+
+    # ---- the consume loop --------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """Every topic the bridge consumes: the source and each rung of the ladder."""
+        return [self.source_topic, *self.policy.delay_topics]
+
+    async def run(self) -> None:
+        """Consume and dispatch until :meth:`stop` is called."""
+        self._loop = asyncio.get_running_loop()
+        self.metrics.webhooks_configured.set(sum(1 for w in self.config.webhooks if w.enabled))
+        consumer = self.consumer.consumer
+        consumer.subscribe(
+            self.topics(),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        while not self.stopping:
+            self.last_loop = time.monotonic()
+            messages = await self.consumer.call(
+                self.consumer.fetch, FETCH_BATCH, self._poll_timeout()
+            )
+            if messages:
+                await self._handle(messages)
+            await self._flow_control()
+            await self._store_offsets()
+
+    def _poll_timeout(self) -> float:
+        if not self.holds:
+            return IDLE_POLL_S
+        until = min(self.holds.values()) - time.monotonic()
+        return max(0.0, min(IDLE_POLL_S, until))
+
+    async def _handle(self, messages: list[Message]) -> None:
+        wall_ms = now_ms()
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                self._kafka_error(error)
+                continue
+            self.broker_reachable = True
+            tp: TP = (msg.topic(), msg.partition())
+            offset = msg.offset()
+            tracker = self.trackers.get(tp)
+            if tracker is None:
+                continue  # no longer assigned
+            expected = self.next_offset.get(tp)
+            if expected is not None and offset < expected:
+                continue  # fetched before a seek back: a newer fetch brings it again
+            if tp in self.holds or tp in self.paused:
+                if expected is None:
+                    self.next_offset[tp] = offset
+                continue  # fetched before the pause took effect: fetched again after resume
+            if tp[0] == self.source_topic:
+                accepted = await self._accept_source(msg, tp, tracker, wall_ms)
+            else:
+                accepted = self._accept_retry(msg, tp, tracker, wall_ms)
+            self.next_offset[tp] = offset + 1 if accepted else offset
+
+    def _kafka_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
+
+    # ---- source records ----------------------------------------------------------------------
+
+    async def _accept_source(
+        self, msg: Message, tp: TP, tracker: OffsetTracker, wall_ms: int
+    ) -> bool:
+        value = msg.value() or b""
+        ts_type, ts = msg.timestamp()
+        source = SourceRef(tp[0], tp[1], msg.offset(), ts if ts_type and ts > 0 else wall_ms)
+        try:
+            if self.decoder.schema_id_to_fetch(value) is not None:
+                record = await asyncio.get_running_loop().run_in_executor(
+                    None, self.decoder.decode, value
+                )
+            else:
+                record = self.decoder.decode(value)
+            notification = to_notification(record, value)
+        except RegistryUnavailableError as exc:
+            failures = self._registry_failures.get(tp, 0)
+            self._registry_failures[tp] = failures + 1
+            delay = REGISTRY_BACKOFF_S[min(failures, len(REGISTRY_BACKOFF_S) - 1)]
+            self.holds[tp] = time.monotonic() + delay
+            log.warning(
+                "registry.unavailable",
+                extra={
+                    "fields": {
+                        "topic": tp[0],
+                        "partition": tp[1],
+                        "offset": source.offset,
+                        "retry_in_s": delay,
+                        "error": str(exc),
+                    }
+                },
+            )
+            return False
+        except RecordError as exc:
+            self.metrics.records_consumed.labels("source").inc()
+            self.metrics.record_failures.labels(exc.reason).inc()
+            tracker.started(source.offset)
+            work = RecordWork(tp, source.offset, 1)
+            self._spawn(tp, self._dead_letter_poison(msg, source, exc, work))
+            return True
+        self._registry_failures.pop(tp, None)
+        self.metrics.records_consumed.labels("source").inc()
+        tracker.started(source.offset)
+        webhooks = self.subscriptions.match(notification.account_holder_id, notification.event)
+        if not webhooks:
+            self._finished(tp, source.offset)
+            return True
+        work = RecordWork(tp, source.offset, len(webhooks))
+        for webhook in webhooks:
+            delivery = PendingDelivery(
+                webhook_id=webhook.id,
+                message_id=message_id(notification.transaction_id, notification.event, webhook.id),
+                event=notification.event,
+                transaction_id=notification.transaction_id,
+                body=notification.body,
+                attempt=0,
+                source=source,
+                key=msg.key(),
+            )
+            self._spawn(tp, self._deliver(delivery, webhook, work))
+        return True
+
+    # ---- retry records -----------------------------------------------------------------------
+
+    def _accept_retry(self, msg: Message, tp: TP, tracker: OffsetTracker, wall_ms: int) -> bool:
+        try:
+            delivery = parse_delivery(msg.headers(), msg.value(), msg.key())
+        except EnvelopeError as exc:
+            source = SourceRef(tp[0], tp[1], msg.offset(), wall_ms)
+            tracker.started(msg.offset())
+            error = RecordError("malformed_retry_record", str(exc), msg.value())
+            self._spawn(
+                tp, self._dead_letter_poison(msg, source, error, RecordWork(tp, msg.offset(), 1))
+            )
+            return True
+        if delivery.due_ms > wall_ms:
+            self.holds[tp] = time.monotonic() + (delivery.due_ms - wall_ms) / 1000
+            return False
+        self.metrics.records_consumed.labels("retry").inc()
+        self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
+        tracker.started(msg.offset())
+        work = RecordWork(tp, msg.offset(), 1)
+        webhook = self.subscriptions.get(delivery.webhook_id)
+        reason = None
+        if webhook is None:
+            reason = "webhook_removed"
+        elif not webhook.enabled:
+            reason = "webhook_disabled"
+        elif delivery.event not in webhook.events:
+            reason = "event_unsubscribed"
+        if webhook is None or reason is not None:
+            self._spawn(tp, self._dead_letter(delivery, reason or "webhook_removed", work))
+        else:
+            self._spawn(tp, self._deliver(delivery, webhook, work))
+        return True
+
+    # ---- deliveries --------------------------------------------------------------------------
+
+    def _spawn(self, tp: TP, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        tasks = self.tasks.setdefault(tp, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _lane(self, webhook: Webhook) -> Lane:
+        lane = self.lanes.get(webhook.id)
+        if lane is None:
+            lane = self.lanes[webhook.id] = Lane(webhook.concurrency)
+        return lane
+
+    async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            lane = self._lane(webhook)
+            if not lane.try_acquire() and not await lane.acquire(self.queue_timeout):
+                await self._defer(delivery, webhook)
+                return
+            try:
+                request = build_request(
+                    webhook, delivery.message_id, delivery.body, int(time.time())
+                )
+                outcome = await self.sender.send(request, webhook.timeout_seconds)
+            finally:
+                lane.release()
+            if outcome.received:
+                self._received(delivery, webhook, outcome)
+            else:
+                await self._not_received(delivery, webhook, outcome)
+        except asyncio.CancelledError:
+            if not self.handing_off:
+                raise
+            await self._hand_off(delivery)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self._work_done(work)
+
+    def _received(self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome) -> None:
+        metrics = self.metrics
+        metrics.deliveries.labels(webhook.id, "received", status_class(outcome.status)).inc()
+        metrics.request_duration.labels(webhook.id).observe(outcome.duration)
+        metrics.end_to_end.labels(webhook.id).observe(
+            max(0.0, (now_ms() - delivery.source.timestamp_ms) / 1000)
+        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("delivery.received", extra={"fields": _fields(delivery, outcome)})
+
+    async def _not_received(
+        self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome
+    ) -> None:
+        metrics = self.metrics
+        metrics.deliveries.labels(
+            webhook.id, "failed", status_class(outcome.status, outcome.error)
+        ).inc()
+        metrics.request_duration.labels(webhook.id).observe(outcome.duration)
+        step = self.policy.after_failure(delivery.attempt, now_ms())
+        error = outcome.describe()
+        if isinstance(step, GiveUp):
+            failed = delivery.next(delivery.attempt, 0, outcome.status, error)
+            log.warning(
+                "delivery.failed",
+                extra={"fields": {**_fields(delivery, outcome), "next": "dead_letter"}},
+            )
+            await self._dead_letter(failed, "retries_exhausted", None, step.attempts_made)
+            return
+        retry = delivery.next(step.attempt, step.due_ms, outcome.status, error)
+        log.info(
+            "delivery.failed",
+            extra={"fields": {**_fields(delivery, outcome), "next": f"retry {step.attempt}"}},
+        )
+        await self._produce(step.topic, retry.body, retry.key, delay_headers(retry), "retry")
+        metrics.retries.labels(webhook.id, str(step.attempt)).inc()
+
+    async def _defer(self, delivery: PendingDelivery, webhook: Webhook) -> None:
+        step = self.policy.defer(delivery.attempt, now_ms())
+        parked = delivery.next(delivery.attempt, step.due_ms, None, "", deferred=True)
+        await self._produce(step.topic, parked.body, parked.key, delay_headers(parked), "retry")
+        self.metrics.deferrals.labels(webhook.id).inc()
+
+    async def _hand_off(self, delivery: PendingDelivery) -> None:
+        """At shutdown: park a delivery still in flight in rung 1, due at once, same attempt."""
+        parked = delivery.next(delivery.attempt, now_ms(), None, "", deferred=True)
+        await self._produce(
+            self.policy.delay_topics[0], parked.body, parked.key, delay_headers(parked), "retry"
+        )
+
+    async def _dead_letter(
+        self,
+        delivery: PendingDelivery,
+        reason: str,
+        work: RecordWork | None,
+        attempts: int | None = None,
+    ) -> None:
+        try:
+            made = delivery.attempt if attempts is None else attempts  # requests made so far
+            headers = dead_letter_headers(delivery, reason, made, now_ms())
+            await self._produce(
+                self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
+            )
+            self.metrics.dead_letters.labels(reason).inc()
+            log.warning(
+                "delivery.dead_lettered",
+                extra={
+                    "fields": {
+                        "webhook": delivery.webhook_id,
+                        "webhook_id": delivery.message_id,
+                        "reason": reason,
+                        "attempts": made,
+                        "last_error": delivery.last_error,
+                    }
+                },
+            )
+        finally:
+            if work is not None:
+                self._work_done(work)
+
+    async def _dead_letter_poison(
+        self, msg: Message, source: SourceRef, error: RecordError, work: RecordWork
+    ) -> None:
+        try:
+            headers = poison_headers(source, error.reason, error.detail, now_ms())
+            await self._produce(
+                self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter"
+            )
+            self.metrics.dead_letters.labels(error.reason).inc()
+            log.warning(
+                "record.dead_lettered",
+                extra={
+                    "fields": {
+                        "reason": error.reason,
+                        "detail": error.detail[:300],
+                        "topic": source.topic,
+                        "partition": source.partition,
+                        "offset": source.offset,
+                    }
+                },
+            )
+        finally:
+            self._work_done(work)
+
+    async def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        kind: str,
+    ) -> None:
+        """Write to a bridge topic, trying again until the broker acknowledges it."""
+        failures = 0
+        while True:
+            try:
+                await self.producer.send(topic, value, key, headers)
+                return
+            except ProduceError as exc:
+                self.metrics.produce_failures.labels(kind).inc()
+                delay = PRODUCE_BACKOFF_S[min(failures, len(PRODUCE_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning(
+                    "produce.failed",
+                    extra={"fields": {"topic": topic, "error": str(exc), "retry_in_s": delay}},
+                )
+                await asyncio.sleep(delay)
+
+    # ---- offsets -----------------------------------------------------------------------------
+
+    def _work_done(self, work: RecordWork) -> None:
+        work.remaining -= 1
+        if work.remaining == 0:
+            self._finished(work.tp, work.offset)
+
+    def _finished(self, tp: TP, offset: int) -> None:
+        tracker = self.trackers.get(tp)
+        if tracker is not None and tracker.finished(offset):
+            self.dirty.add(tp)
+
+    def _committable(self, partitions: Iterable[TP]) -> list[tuple[TP, int]]:
+        offsets = []
+        for tp in partitions:
+            tracker = self.trackers.get(tp)
+            if tracker is not None and tracker.committable is not None:
+                offsets.append((tp, tracker.committable))
+        return offsets
+
+    async def _store_offsets(self) -> None:
+        if not self.dirty:
+            return
+        offsets = self._committable(self.dirty)
+        self.dirty.clear()
+        if offsets:
+            await self.consumer.call(self.consumer.store, offsets)
+
+    # ---- flow control ------------------------------------------------------------------------
+
+    async def _flow_control(self) -> None:
+        if self.in_flight >= self.max_in_flight:
+            self.backpressure = True
+        elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
+            self.backpressure = False
+        monotonic = time.monotonic()
+        for tp, until in list(self.holds.items()):
+            if until <= monotonic:
+                del self.holds[tp]
+        wanted = set(self.trackers) if (self.backpressure or self.stopping) else set(self.holds)
+        to_pause = [tp for tp in wanted if tp not in self.paused and tp in self.trackers]
+        to_resume = [tp for tp in self.paused if tp not in wanted]
+        if to_pause:
+            await self.consumer.call(self.consumer.pause, to_pause)
+            self.paused.update(to_pause)
+        if to_resume:
+            positions = [(tp, self.next_offset.get(tp)) for tp in to_resume]
+            await self.consumer.call(self.consumer.resume_at, positions)
+            self.paused.difference_update(to_resume)
+        if to_pause or to_resume:
+            self.metrics.paused_partitions.set(len(self.paused))
+
+    # ---- rebalance callbacks (called on the consumer's thread, inside fetch) ------------------
+
+    def _run_on_loop(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._run_on_loop(self._assigned([(p.topic, p.partition) for p in partitions]))
+
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        offsets = self._run_on_loop(self._released(tps, drain=True))
+        try:
+            self.consumer.commit_now(offsets)
+        except Exception as exc:  # the group may already be gone; the next owner redoes the work
+            log.warning("commit.failed", extra={"fields": {"error": str(exc)}})
+
+    def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._run_on_loop(self._released([(p.topic, p.partition) for p in partitions], drain=False))
+
+    async def _assigned(self, tps: list[TP]) -> None:
+        for tp in tps:
+            self.trackers[tp] = OffsetTracker()
+            self.next_offset.pop(tp, None)
+            self.holds.pop(tp, None)
+            self.paused.discard(tp)
+        self.metrics.assigned_partitions.set(len(self.trackers))
+        log.info("partitions.assigned", extra={"fields": {"partitions": _names(tps)}})
+
+    async def _released(self, tps: list[TP], drain: bool) -> list[tuple[TP, int]]:
+        """Finish (revoke) or abandon (lost) the work of partitions leaving this instance."""
+        tasks = [task for tp in tps for task in self.tasks.get(tp, ())]
+        if drain and tasks:
+            await asyncio.wait(tasks, timeout=REVOKE_DRAIN_S)
+        for task in tasks:
+            task.cancel()
+        offsets = self._committable(tps) if drain else []
+        for tp in tps:
+            self.trackers.pop(tp, None)
+            self.next_offset.pop(tp, None)
+            self.holds.pop(tp, None)
+            self.paused.discard(tp)
+            self.dirty.discard(tp)
+            self.tasks.pop(tp, None)
+            self.metrics.forget_partition(*tp)
+        self.metrics.assigned_partitions.set(len(self.trackers))
+        self.metrics.paused_partitions.set(len(self.paused))
+        log.info(
+            "partitions.revoked" if drain else "partitions.lost",
+            extra={
+                "fields": {"partitions": _names(tps), "abandoned": sum(not t.done() for t in tasks)}
+            },
+        )
+        return offsets
+
+    # ---- shutdown ----------------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> None:
+        """Stop taking records, finish deliveries within ``grace`` s, hand off the rest, commit."""
+        self.stopping = True
+        await self._flow_control()
+        pending = [task for tasks in self.tasks.values() for task in tasks]
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=grace)
+            if still:
+                self.handing_off = True
+                for task in still:
+                    task.cancel()
+                await asyncio.wait(still, timeout=max(5.0, grace / 4))
+        offsets = self._committable(self.trackers)
+        if offsets:
+            await self.consumer.call(self.consumer.commit_now, offsets)
+
+
+def _names(tps: Iterable[TP]) -> str:
+    return ",".join(f"{topic}/{partition}" for topic, partition in sorted(tps))
+
+
+def _fields(delivery: PendingDelivery, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "webhook": delivery.webhook_id,
+        "webhook_id": delivery.message_id,
+        "attempt": delivery.attempt,
+        "status": outcome.status,
+        "error": outcome.error or None,
+        "duration_ms": round(outcome.duration * 1000, 1),
+    }

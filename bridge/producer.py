@@ -1,0 +1,85 @@
+"""Writes to the bridge's own topics (delay rungs and dead letters), awaited until acknowledged.
+
+confluent-kafka's threaded ``Producer`` (the asyncio producer does not take headers): ``produce``
+is called from the event loop, delivery reports are served by a polling thread and resolve an
+asyncio future. Idempotent, ``acks=all``: an awaited ``send`` means the record is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from bridge.envelope import Headers
+
+
+class ProduceError(Exception):
+    """The broker did not acknowledge a record; the caller tries again."""
+
+
+class DurableProducer:
+    """An idempotent producer whose ``send`` completes when the broker has the record."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._producer = Producer(
+            {
+                **settings,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "delivery.timeout.ms": 30000,
+                "compression.type": "lz4",
+            }
+        )
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, name="kafka-producer", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while self._running:
+            self._producer.poll(0.05)
+
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: Headers
+    ) -> None:
+        """Produce one record and wait until the broker acknowledges it (else ProduceError)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            loop.call_soon_threadsafe(_settle, future, err)
+
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=on_delivery
+                )
+                break
+            except BufferError:  # local queue full: let the polling thread drain it
+                await asyncio.sleep(0.01)
+            except KafkaException as exc:
+                raise ProduceError(str(exc)) from exc
+        await future
+
+    def flush(self, timeout: float) -> int:
+        """Wait for outstanding records; returns how many are still undelivered."""
+        return int(self._producer.flush(timeout))
+
+    def close(self, timeout: float = 10.0) -> int:
+        """Flush and stop the polling thread; returns how many records were left undelivered."""
+        left = self.flush(timeout)
+        self._running = False
+        self._thread.join()
+        return left
+
+
+def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
+    if future.done():
+        return
+    if err is None:
+        future.set_result(None)
+    else:
+        future.set_exception(ProduceError(str(err)))

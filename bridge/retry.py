@@ -1,0 +1,72 @@
+"""Retry policy: after a failed attempt, which delay topic and due time come next, or a dead letter.
+
+Attempt 0 is the first delivery. After non-receipt, up to ``attempts`` more follow; retry ``n``
+(1-based) waits ``first_delay_ms + (n - 1) * increment_ms`` and travels through rung ``n``'s delay
+topic. With the defaults the ladder is 0.5 s, 1.0 s, 1.5 s, 2.0 s, 2.5 s: at most 6 requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge.config import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Send the delivery to ``topic``; attempt number ``attempt`` is due at ``due_ms``."""
+
+    topic: str
+    attempt: int
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """No attempts are left: the delivery goes to the dead-letter topic."""
+
+    attempts_made: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The retry ladder: one delay topic per rung, then the dead-letter topic."""
+
+    delay_topics: tuple[str, ...]
+    first_delay_ms: int
+    increment_ms: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> RetryPolicy:
+        """The ladder of a configuration: its delay topics and its ``retry`` section."""
+        return cls(config.delay_topics, config.retry.first_delay_ms, config.retry.increment_ms)
+
+    @property
+    def attempts(self) -> int:
+        """How many retries follow the first delivery."""
+        return len(self.delay_topics)
+
+    def delay_ms(self, attempt: int) -> int:
+        """How long retry number ``attempt`` (1-based) waits after the previous failure."""
+        return self.first_delay_ms + (attempt - 1) * self.increment_ms
+
+    def after_failure(self, failed_attempt: int, now_ms: int) -> Retry | GiveUp:
+        """What follows the failure of attempt ``failed_attempt`` (0 is the first delivery)."""
+        if failed_attempt >= self.attempts:
+            return GiveUp(attempts_made=failed_attempt + 1)
+        attempt = failed_attempt + 1
+        return Retry(self.delay_topics[attempt - 1], attempt, now_ms + self.delay_ms(attempt))
+
+    def defer(self, attempt: int, now_ms: int) -> Retry:
+        """Park a delivery that could not start (its webhook is saturated) without using an attempt.
+
+        It waits the ladder's longest delay in the last rung's topic, so a saturated webhook is
+        tried again at most once per that delay and never blocks records behind it.
+        """
+        return Retry(self.delay_topics[-1], attempt, now_ms + self.delay_ms(self.attempts))
+
+    def span_ms(self) -> int:
+        """The ladder's total waiting time from the first failure to the last attempt."""
+        return sum(self.delay_ms(n) for n in range(1, self.attempts + 1))

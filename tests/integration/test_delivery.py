@@ -1,0 +1,180 @@
+"""The delivery engine against the real broker and a real HTTP receiver."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import json
+from collections.abc import Callable
+
+import pytest
+
+from bridge.envelope import header_map
+from bridge.samples import make_record
+from tests.bridge_harness import BridgeSetup, webhook
+from tests.kafka_helpers import wait_for
+from tests.receiver import Answer, Receiver, always, fail_first
+
+pytestmark = pytest.mark.integration
+
+Setup = Callable[..., BridgeSetup]
+
+
+def test_delivers_signed_notifications_only_for_chosen_events(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    setup = bridge_setup(
+        [
+            webhook("all", "acct_1", receiver.url("/all")),
+            webhook(
+                "failed-only", "acct_1", receiver.url("/failed"), events=["transaction.failed"]
+            ),
+            webhook("other", "acct_2", receiver.url("/other")),
+        ]
+    )
+    bridge = setup.start_bridge()
+    setup.produce_records(
+        [
+            make_record("tx-ok", "acct_1", success=True),
+            make_record("tx-ko", "acct_1", success=False),
+        ]
+    )
+
+    wait_for(
+        lambda: len(receiver.on("/all")) == 2 and len(receiver.on("/failed")) == 1,
+        30,
+        message="deliveries to /all and /failed",
+    )
+    failed_only = receiver.on("/failed")[0]
+    assert json.loads(failed_only.body)["event"] == "transaction.failed"
+    assert receiver.on("/other") == []
+    for request in receiver.on("/all"):
+        secret = b"secret-of-all"
+        expected = hmac.new(secret, request.body, hashlib.sha256).hexdigest()
+        assert request.headers["x-service-secret"] == expected
+        assert request.headers["content-type"] == "application/json"
+        assert request.headers["user-agent"].startswith("transaction-webhook-bridge/")
+        assert request.headers["webhook-id"].startswith("msg_")
+        assert request.headers["webhook-signature"].startswith("v1,")
+    assert bridge.terminate() == 0
+
+
+@pytest.mark.parametrize("status", [500, 404, 302, 301])
+def test_non_2xx_is_retried_until_received(
+    receiver: Receiver, bridge_setup: Setup, status: int
+) -> None:
+    receiver.behaviours["/flaky"] = lambda seen: (
+        Answer(status, headers={"Location": receiver.url("/elsewhere")})
+        if seen < 2
+        else Answer(200)
+    )
+    setup = bridge_setup([webhook("flaky", "acct_1", receiver.url("/flaky"))])
+    setup.start_bridge()
+    setup.produce_records([make_record("tx-1", "acct_1")])
+
+    wait_for(lambda: receiver.received_ids("/flaky"), 30, message="the third attempt")
+    attempts = receiver.on("/flaky")
+    assert [r.status for r in attempts] == [status, status, 200]
+    assert len({r.message_id for r in attempts}) == 1, "webhook-id is stable across retries"
+    assert receiver.on("/elsewhere") == [], "redirects are never followed"
+    gaps = [b.at - a.at for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.5 and gaps[1] >= 1.0, f"retries sent before due: {gaps}"
+    assert gaps[0] < 2.5 and gaps[1] < 3.0, f"retries much later than due: {gaps}"
+
+
+def test_exhausted_ladder_dead_letters_with_headers(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/down"] = always(503)
+    setup = bridge_setup(
+        [webhook("down", "acct_1", receiver.url("/down"))],
+        retry={"attempts": 3, "first_delay_ms": 200, "increment_ms": 100},
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record("tx-dead", "acct_1")])
+
+    letters = setup.dead_letters(1, timeout=30)
+    headers = header_map(letters[0].headers())
+    assert len(receiver.on("/down")) == 4  # attempt 0 and three retries
+    assert headers["bridge-reason"] == "retries_exhausted"
+    assert headers["bridge-webhook"] == "down"
+    assert headers["bridge-attempts"] == "4"
+    assert headers["bridge-last-status"] == "503"
+    assert headers["bridge-source-topic"] == setup.source
+    assert headers["bridge-source-offset"] == "0"
+    assert json.loads(letters[0].value())["transactionId"] == "tx-dead"
+    assert "secret" not in json.dumps(headers)
+
+
+def test_fan_out_retries_independently(receiver: Receiver, bridge_setup: Setup) -> None:
+    receiver.behaviours["/flaky"] = fail_first(1)
+    setup = bridge_setup(
+        [
+            webhook("healthy", "acct_1", receiver.url("/healthy")),
+            webhook("flaky", "acct_1", receiver.url("/flaky")),
+        ]
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record("tx-fan", "acct_1")])
+
+    wait_for(lambda: receiver.received_ids("/flaky"), 30, message="the flaky webhook's retry")
+    assert len(receiver.on("/healthy")) == 1, "the healthy webhook is not called again"
+    assert len(receiver.on("/flaky")) == 2
+    assert receiver.on("/healthy")[0].message_id != receiver.on("/flaky")[0].message_id
+
+
+def test_poison_records_are_dead_lettered_between_good_ones(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))], partitions=1)
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record("tx-before", "acct_1")])
+    setup.produce_raw([b"\x02garbage", b""])
+    setup.produce_records([make_record("tx-after", "acct_1")])
+
+    letters = setup.dead_letters(2)
+    wait_for(lambda: len(receiver.on("/hook")) == 2, 30, message="both good records")
+    by_value = {m.value() or b"": header_map(m.headers()) for m in letters}
+    assert set(by_value) == {b"\x02garbage", b""}
+    assert all(h["bridge-kind"] == "poison" for h in by_value.values())
+    assert by_value[b""]["bridge-reason"] == "truncated"
+    assert by_value[b"\x02garbage"]["bridge-reason"] in {"truncated", "corrupt", "trailing_bytes"}
+    assert by_value[b"\x02garbage"]["bridge-detail"]
+    assert bridge.process is not None and bridge.process.poll() is None, "the bridge never crashes"
+
+
+def test_hung_endpoint_does_not_delay_a_healthy_one(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/hung"] = lambda _seen: Answer(hang=True)
+    setup = bridge_setup(
+        [
+            webhook("hung", "acct_hung", receiver.url("/hung"), concurrency=2),
+            webhook("healthy", "acct_ok", receiver.url("/healthy")),
+        ],
+        delivery={"timeout_seconds": 5.0},
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record(f"tx-h{i}", "acct_hung") for i in range(10)])
+    setup.produce_records([make_record(f"tx-ok{i}", "acct_ok") for i in range(10)])
+
+    wait_for(
+        lambda: len(receiver.received_ids("/healthy")) == 10,
+        4.0,
+        message="all healthy deliveries while the other endpoint hangs",
+    )
+
+
+def test_sigterm_drains_and_commits(receiver: Receiver, bridge_setup: Setup) -> None:
+    receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=1.0)
+    setup = bridge_setup([webhook("slow", "acct_1", receiver.url("/slow"))], partitions=1)
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record(f"tx-{i}", "acct_1") for i in range(5)])
+    wait_for(lambda: len(receiver.on("/slow")) == 5, 20, message="all five requests in flight")
+
+    assert bridge.terminate() == 0
+    assert len(receiver.received_ids("/slow")) == 5
+    from tests.kafka_helpers import committed_offsets
+
+    assert committed_offsets(setup.bootstrap, setup.group, setup.source) == [5]

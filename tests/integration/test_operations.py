@@ -1,0 +1,143 @@
+"""Crash recovery, dead-letter replay, test deliveries and config changes, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from bridge.envelope import header_map
+from bridge.samples import make_record
+from tests.bridge_harness import REPO, BridgeSetup, webhook
+from tests.kafka_helpers import wait_for
+from tests.receiver import Answer, Receiver, always
+
+pytestmark = pytest.mark.integration
+
+Setup = Callable[..., BridgeSetup]
+
+
+def bridge_cli(setup: BridgeSetup, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m bridge ARGS -c <the set-up's config>``."""
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args, "-c", str(setup.config_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_sigkill_mid_stream_loses_nothing(receiver: Receiver, bridge_setup: Setup) -> None:
+    receiver.behaviours["/slow"] = lambda seen: Answer(200, delay=0.05) if seen else Answer(500)
+    setup = bridge_setup([webhook("slow", "acct_1", receiver.url("/slow"), concurrency=4)])
+    first = setup.start_bridge()
+    records = [make_record(f"tx-{i}", "acct_1") for i in range(60)]
+    setup.produce_records(records)
+    wait_for(lambda: len(receiver.received_ids("/slow")) >= 10, 30, message="some deliveries")
+
+    first.kill()
+    setup.start_bridge()
+
+    expected = {r.message_id for r in receiver.on("/slow")}
+    wait_for(lambda: len(receiver.received_ids("/slow")) == 60, 60, message="all 60 received")
+    assert expected <= receiver.received_ids("/slow")
+
+
+def test_dead_letters_are_listed_and_replayed(receiver: Receiver, bridge_setup: Setup) -> None:
+    receiver.behaviours["/down"] = always(500)
+    setup = bridge_setup(
+        [webhook("down", "acct_1", receiver.url("/down"))],
+        retry={"attempts": 1, "first_delay_ms": 100, "increment_ms": 100},
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record("tx-a", "acct_1"), make_record("tx-b", "acct_1")])
+    setup.dead_letters(2)
+
+    listing = bridge_cli(setup, "dlq", "list", "--webhook", "down")
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.count("retries_exhausted") == 2
+    assert "2 dead letter(s)" in listing.stdout
+
+    receiver.behaviours["/down"] = always(200)
+    replay = bridge_cli(setup, "dlq", "replay", "--reason", "retries_exhausted")
+    assert replay.returncode == 0, replay.stderr
+    assert "replayed 2 of 2" in replay.stdout
+    wait_for(lambda: len(receiver.received_ids("/down")) == 2, 30, message="replayed deliveries")
+    ids = {r.message_id for r in receiver.on("/down")}
+    assert len(ids) == 2, "a replay keeps the webhook-id of the original delivery"
+
+
+def test_replay_without_selection_is_refused(bridge_setup: Setup, receiver: Receiver) -> None:
+    setup = bridge_setup([webhook("any", "acct_1", receiver.url("/any"))])
+    result = bridge_cli(setup, "dlq", "replay")
+    assert result.returncode == 2
+    assert "--all" in result.stderr
+
+
+def test_test_webhook_reports_received_and_not_received(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/bad"] = always(404)
+    setup = bridge_setup(
+        [
+            webhook("good", "acct_1", receiver.url("/good")),
+            webhook("bad", "acct_1", receiver.url("/bad")),
+        ]
+    )
+    good = bridge_cli(setup, "test-webhook", "good")
+    bad = bridge_cli(setup, "test-webhook", "bad")
+    unknown = bridge_cli(setup, "test-webhook", "nope")
+
+    assert good.returncode == 0 and "HTTP 200" in good.stdout and "received" in good.stdout
+    assert bad.returncode == 1 and "HTTP 404" in bad.stdout and "NOT received" in bad.stdout
+    assert unknown.returncode == 2 and "nope" in unknown.stderr
+    body = json.loads(receiver.on("/good")[0].body)
+    assert body["event"] == "webhook.test"
+    assert receiver.on("/good")[0].headers["x-service-secret"]
+
+
+def test_retry_for_removed_webhook_is_dead_lettered(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/gone"] = always(500)
+    setup = bridge_setup(
+        [
+            webhook("gone", "acct_1", receiver.url("/gone")),
+            webhook("kept", "acct_2", receiver.url("/kept")),
+        ],
+        retry={"attempts": 2, "first_delay_ms": 3000, "increment_ms": 100},
+    )
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record("tx-gone", "acct_1")])
+    wait_for(lambda: len(receiver.on("/gone")) == 1, 30, message="the first attempt")
+
+    setup.write_config([webhook("kept", "acct_2", receiver.url("/kept"))])
+    bridge.own_config.write_text(
+        setup.config_path.read_text().replace("port: 0", f"port: {bridge.port}")
+    )
+    letters = setup.dead_letters(1, timeout=30)
+    headers = header_map(letters[0].headers())
+    assert headers["bridge-reason"] == "webhook_removed"
+    assert headers["bridge-webhook"] == "gone"
+    assert len(receiver.on("/gone")) == 1
+    assert bridge.gauge("bridge_config_reloads_total", 'result="applied"') == 1
+
+
+def test_invalid_config_reload_keeps_the_old_one(receiver: Receiver, bridge_setup: Setup) -> None:
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))])
+    bridge = setup.start_bridge()
+    bridge.own_config.write_text(
+        bridge.own_config.read_text().replace("acct_1", "") + "\nbogus: 1\n"
+    )
+    wait_for(
+        lambda: bridge.gauge("bridge_config_reloads_total", 'result="rejected"') == 1,
+        15,
+        message="the rejected reload to be counted",
+    )
+    setup.produce_records([make_record("tx-after-bad-reload", "acct_1")])
+    wait_for(lambda: receiver.received_ids("/hook"), 30, message="delivery under the old config")
