@@ -1,0 +1,83 @@
+"""Requests are built apart from sending (pinned byte for byte); outcomes and lanes are pure."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+
+from bridge import __version__
+from bridge.config import Secret, Webhook
+from bridge.delivery import DeliveryRequest, Outcome, build_request
+from bridge.pipeline import Lane
+
+HOOK = Webhook(
+    id="shop",
+    account="acct_1",
+    url="https://example.com/hooks",
+    events=frozenset({"transaction.success"}),
+    secret=Secret(b"s3cret"),
+)
+BODY = b'{"transactionId":"tx-1","event":"transaction.success"}'
+
+
+def test_request_is_pinned_byte_for_byte() -> None:
+    service = hmac.new(b"s3cret", BODY, hashlib.sha256).hexdigest()
+    standard = base64.b64encode(
+        hmac.new(b"s3cret", b"msg_1.1700000000." + BODY, hashlib.sha256).digest()
+    ).decode()
+    assert build_request(HOOK, "msg_1", BODY, 1_700_000_000) == DeliveryRequest(
+        url="https://example.com/hooks",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": f"transaction-webhook-bridge/{__version__}",
+            "x-service-secret": service,
+            "webhook-id": "msg_1",
+            "webhook-timestamp": "1700000000",
+            "webhook-signature": f"v1,{standard}",
+        },
+        body=BODY,
+    )
+
+
+def test_only_2xx_counts_as_received() -> None:
+    assert Outcome(200, "", 0.1).received and Outcome(299, "", 0.1).received
+    for status in (199, 301, 302, 304, 404, 429, 500):
+        assert not Outcome(status, "", 0.1).received
+    assert not Outcome(None, "timeout", 2.0).received
+    assert Outcome(503, "", 0.1).describe() == "HTTP 503"
+    assert (
+        Outcome(None, "timeout", 2.0, "no answer in 2.0s").describe()
+        == "timeout: no answer in 2.0s"
+    )
+
+
+def test_lane_limits_concurrency_and_waiters_give_up() -> None:
+    async def scenario() -> tuple[bool, bool, bool, bool]:
+        lane = Lane(1)
+        first = lane.try_acquire()
+        second = lane.try_acquire()
+        gave_up = await lane.acquire(0.01)
+        waiter = asyncio.ensure_future(lane.acquire(5))
+        await asyncio.sleep(0)
+        lane.release()  # hands the slot to the waiter
+        handed = await waiter
+        lane.release()
+        return first, second, gave_up, handed and lane.active == 0
+
+    assert asyncio.run(scenario()) == (True, False, False, True)
+
+
+def test_cancelled_waiter_does_not_leak_a_slot() -> None:
+    async def scenario() -> int:
+        lane = Lane(1)
+        lane.try_acquire()
+        waiter = asyncio.ensure_future(lane.acquire(5))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        lane.release()
+        return lane.active
+
+    assert asyncio.run(scenario()) == 0

@@ -1,0 +1,82 @@
+"""Delay-topic and dead-letter records round-trip through their headers."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.envelope import (
+    EnvelopeError,
+    PendingDelivery,
+    SourceRef,
+    dead_letter_headers,
+    delay_headers,
+    header_map,
+    parse_delivery,
+    poison_headers,
+)
+
+DELIVERY = PendingDelivery(
+    webhook_id="shop",
+    message_id="msg_abc",
+    event="transaction.failed",
+    transaction_id="tx-1",
+    body=b'{"transactionId":"tx-1"}',
+    attempt=2,
+    source=SourceRef("tx", 3, 42, 1_700_000_000_000),
+    key=b"tx-1",
+    due_ms=1_700_000_001_500,
+    last_status=503,
+    last_error="HTTP 503",
+    deferrals=1,
+)
+
+
+def test_delay_record_round_trips() -> None:
+    parsed = parse_delivery(delay_headers(DELIVERY), DELIVERY.body, DELIVERY.key)
+    assert parsed == DELIVERY
+
+
+def test_dead_letter_headers_name_reason_attempts_and_origin() -> None:
+    headers = header_map(dead_letter_headers(DELIVERY, "retries_exhausted", 6, 123))
+    assert headers["bridge-kind"] == "delivery"
+    assert headers["bridge-reason"] == "retries_exhausted"
+    assert headers["bridge-attempts"] == "6"
+    assert headers["bridge-last-status"] == "503"
+    assert (
+        headers["bridge-source-topic"],
+        headers["bridge-source-partition"],
+        headers["bridge-source-offset"],
+    ) == ("tx", "3", "42")
+    assert headers["bridge-dead-lettered-ms"] == "123"
+
+
+def test_poison_headers_carry_reason_and_detail() -> None:
+    headers = header_map(poison_headers(SourceRef("tx", 0, 7, 5), "truncated", "x" * 5000, 9))
+    assert headers["bridge-kind"] == "poison"
+    assert headers["bridge-reason"] == "truncated"
+    assert len(headers["bridge-detail"]) == 1000
+
+
+def test_next_attempt_records_the_error_and_deferral_does_not() -> None:
+    retried = DELIVERY.next(3, 99, 500, "HTTP 500")
+    assert (retried.attempt, retried.due_ms, retried.last_status, retried.deferrals) == (
+        3,
+        99,
+        500,
+        1,
+    )
+    parked = DELIVERY.next(2, 77, None, "", deferred=True)
+    assert (parked.last_status, parked.last_error, parked.deferrals) == (503, "HTTP 503", 2)
+
+
+@pytest.mark.parametrize("missing", ["bridge-webhook", "bridge-attempt", "bridge-source-offset"])
+def test_missing_header_is_a_clear_error(missing: str) -> None:
+    headers = [(k, v) for k, v in delay_headers(DELIVERY) if k != missing]
+    with pytest.raises(EnvelopeError, match=missing):
+        parse_delivery(headers, DELIVERY.body, None)
+
+
+def test_malformed_number_is_a_clear_error() -> None:
+    headers = [(k, b"two" if k == "bridge-attempt" else v) for k, v in delay_headers(DELIVERY)]
+    with pytest.raises(EnvelopeError, match="not an integer"):
+        parse_delivery(headers, DELIVERY.body, None)

@@ -1,0 +1,48 @@
+"""The committable offset is the end of the contiguous prefix of finished records."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.offsets import OffsetTracker
+
+
+def test_out_of_order_completion_waits_for_the_oldest() -> None:
+    tracker = OffsetTracker()
+    for offset in (10, 11, 12):
+        tracker.started(offset)
+    assert tracker.finished(12) is False and tracker.committable is None
+    assert tracker.finished(11) is False and tracker.committable is None
+    assert tracker.finished(10) is True and tracker.committable == 13
+    assert len(tracker) == 0
+
+
+def test_gaps_in_offsets_are_allowed() -> None:
+    tracker = OffsetTracker()
+    tracker.started(5)
+    tracker.started(9)  # 6..8 are transaction markers or compacted away
+    assert tracker.finished(5) and tracker.committable == 9
+    assert tracker.finished(9) and tracker.committable == 10
+
+
+def test_unknown_offsets_are_ignored() -> None:
+    tracker = OffsetTracker()
+    tracker.started(3)
+    assert tracker.finished(1) is False
+    assert tracker.committable is None
+
+
+@given(st.permutations(list(range(30))))
+def test_commit_never_passes_an_unfinished_record(order: list[int]) -> None:
+    tracker = OffsetTracker()
+    for offset in range(30):
+        tracker.started(offset)
+    finished: set[int] = set()
+    for offset in order:
+        tracker.finished(offset)
+        finished.add(offset)
+        if tracker.committable is not None:
+            assert set(range(tracker.committable)) <= finished
+            assert tracker.committable == 30 or tracker.committable not in finished
+    assert tracker.committable == 30
