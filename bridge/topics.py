@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from bridge.config import Config
@@ -70,17 +71,28 @@ def plan_topics(config: Config) -> list[TopicPlan]:
     return plans
 
 
+def kafka_reason(exc: KafkaException) -> str:
+    """The broker's or librdkafka's own words for a failed admin request."""
+    error = exc.args[0] if exc.args else None
+    return str(error.str()) if isinstance(error, KafkaError) else str(exc)
+
+
 @dataclass
 class TopicReport:
-    """What applying a plan did: created, already right, or differing (left unchanged)."""
+    """What applying a plan did: created, already right, differing (left unchanged), or failed."""
 
     created: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     differences: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
 
 def apply_plan(admin: AdminClient, plans: list[TopicPlan], timeout: float = 30.0) -> TopicReport:
-    """Create missing topics; compare existing ones with the plan and report differences."""
+    """Create missing topics; compare existing ones with the plan and report differences.
+
+    A topic the broker refuses to create is reported in ``failures``; the others still proceed.
+    Raises KafkaException when the cluster cannot be listed or described.
+    """
     report = TopicReport()
     existing = admin.list_topics(timeout=timeout).topics
     missing = [plan for plan in plans if plan.name not in existing]
@@ -98,8 +110,12 @@ def apply_plan(admin: AdminClient, plans: list[TopicPlan], timeout: float = 30.0
             operation_timeout=timeout,
         )
         for name, future in futures.items():
-            future.result(timeout=timeout)
-            report.created.append(name)
+            try:
+                future.result(timeout=timeout)
+            except KafkaException as exc:
+                report.failures.append(f"{name}: {kafka_reason(exc)}")
+            else:
+                report.created.append(name)
     present = [plan for plan in plans if plan.name in existing]
     if present:
         resources = [ConfigResource(ResourceType.TOPIC, plan.name) for plan in present]
