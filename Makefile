@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint unit integration bench broker-start broker-stop clean
+.PHONY: test demo lint unit integration bench broker-start broker-stop clean prometheus-tools
 
 test: lint ## Everything: lint, type-check, unit and integration tests against the real broker
 	$(PY) -m pytest tests
@@ -13,14 +13,14 @@ test: lint ## Everything: lint, type-check, unit and integration tests against t
 demo: $(STAMP) ## The demo: broker, bridge, sample receiver and producer
 	$(PY) -m bridge demo
 
-lint: $(STAMP) kafka-jars
+lint: $(STAMP) kafka-jars prometheus-tools
 	$(VENV)/bin/ruff check bridge tests deploy
 	$(VENV)/bin/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) prometheus-tools
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) kafka-jars
+integration: $(STAMP) kafka-jars prometheus-tools
 	$(PY) -m pytest tests/integration
 
 bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
@@ -31,6 +31,10 @@ broker-start: $(STAMP) kafka-jars
 
 broker-stop: $(STAMP)
 	$(PY) deploy/kafka/broker.py stop
+
+# Prometheus and promtool (Debian's package) check the dashboard and alert rules in the tests.
+prometheus-tools:
+	@sh deploy/prometheus/ensure-prometheus.sh
 
 .PHONY: kafka-jars
 kafka-jars: $(STAMP)

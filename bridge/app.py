@@ -53,7 +53,7 @@ class App:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
-        self.metrics = Metrics(self.registry)
+        self.metrics = Metrics(self.registry, enabled=config.metrics.enabled)
         self.broker_up = False
         settings = config.kafka_settings()
         self.consumer = ThreadedConsumer(

@@ -144,6 +144,7 @@ class MetricsConfig:
 
     host: str = "0.0.0.0"
     port: int = 9464
+    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,6 +460,7 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
     "metrics": {
         "host": _Field(_text),
         "port": _Field(_integer(0, 65_535)),
+        "enabled": _Field(_boolean),
     },
     "logging": {
         "format": _Field(_choice("json", "text")),

@@ -10,6 +10,7 @@ import contextlib
 import platform
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from bridge import __version__
 
@@ -39,10 +40,36 @@ def status_class(status: int | None, error_reason: str = "") -> str:
     return error_reason or "error"
 
 
-class Metrics:
-    """Every metric the bridge exports, registered on ``registry``."""
+class _Unrecorded:
+    """Stands in for a metric when recording is switched off: every call does nothing."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def labels(self, *_args: str) -> _Unrecorded:
+        return self
+
+    def inc(self, _amount: float = 1) -> None:
+        pass
+
+    def dec(self, _amount: float = 1) -> None:
+        pass
+
+    def set(self, _value: float) -> None:
+        pass
+
+    def observe(self, _value: float) -> None:
+        pass
+
+    def remove(self, *_args: str) -> None:
+        pass
+
+
+class Metrics:
+    """Every metric the bridge exports, registered on ``registry``.
+
+    With ``enabled=False`` nothing is recorded (only ``bridge_build_info`` is exported): the
+    benchmark uses it to measure what metrics cost the hot path.
+    """
+
+    def __init__(self, registry: CollectorRegistry, enabled: bool = True) -> None:
         self.registry = registry
         self.records_consumed = Counter(
             "bridge_records_consumed",
@@ -151,6 +178,11 @@ class Metrics:
             registry=registry,
         )
         self.build_info.labels(__version__, platform.python_version()).set(1)
+        if not enabled:
+            for name, metric in list(vars(self).items()):
+                if isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
+                    registry.unregister(metric)
+                    setattr(self, name, _Unrecorded())
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop the per-partition series of a partition no longer assigned here."""

@@ -48,3 +48,12 @@ def test_statistics_set_lag_and_committed_offsets_and_broker_state() -> None:
 def test_no_broker_up_means_unreachable() -> None:
     metrics = Metrics(CollectorRegistry())
     assert metrics.record_statistics({"brokers": {"boot": {"state": "UP", "nodeid": -1}}}) is False
+
+
+def test_disabled_metrics_record_nothing_but_build_info() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, enabled=False)
+    metrics.deliveries.labels("hook", "received", "2xx").inc()
+    metrics.request_duration.labels("hook").observe(0.1)
+    names = {sample.name for family in registry.collect() for sample in family.samples}
+    assert names == {"bridge_build_info"}
