@@ -105,10 +105,12 @@ class App:
     def _apply(self, config: Config) -> None:
         self.pipeline.apply_config(config)
         self.metrics.config_reloads.labels("applied").inc()
+        self.metrics.config_reload_ok.set(1)
         log.info("config.reloaded", extra={"fields": {"webhooks": len(config.webhooks)}})
 
     def _rejected(self, error: ConfigError) -> None:
         self.metrics.config_reloads.labels("rejected").inc()
+        self.metrics.config_reload_ok.set(0)
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (SIGTERM/SIGINT)."""

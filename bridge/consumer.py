@@ -51,12 +51,17 @@ class ThreadedConsumer:
         """Run ``fn(*args)`` on the consumer's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def fetch(self, max_messages: int, timeout: float) -> list[Message]:
-        """Wait up to ``timeout`` for a first record, then take what else is ready, without waiting.
+    def fetch(
+        self, max_messages: int, timeout: float, store: Sequence[tuple[TP, int]] = ()
+    ) -> list[Message]:
+        """Store ``store`` offsets, wait up to ``timeout`` for a first record, then take what else
+        is ready without waiting. One trip to the consumer's thread per turn of the loop.
 
         (``consume(n, timeout)`` alone waits for a full batch or the whole timeout, which adds up
         to ``timeout`` of latency to every record at low traffic.)
         """
+        if store:
+            self.store(store)
         first = self.consumer.poll(timeout)
         if first is None:
             return []

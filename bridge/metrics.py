@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -123,8 +124,9 @@ class Metrics:
         )
         self.dead_letters = Counter(
             "bridge_dead_letters",
-            "Records written to the dead-letter topic, by reason.",
-            ["reason"],
+            "Records written to the dead-letter topic, by webhook (empty for poison records) "
+            "and reason.",
+            ["webhook", "reason"],
             registry=registry,
         )
         self.produce_failures = Counter(
@@ -166,6 +168,17 @@ class Metrics:
             ["result"],
             registry=registry,
         )
+        self.config_reload_ok = Gauge(
+            "bridge_config_last_reload_successful",
+            "1 when the configuration file in force is the latest one on disk, 0 while a newer "
+            "file is rejected.",
+            registry=registry,
+        )
+        self.config_reload_ok.set(1)
+        for result in ("applied", "rejected"):
+            self.config_reloads.labels(result)
+        for kind in ("source", "retry"):
+            self.records_consumed.labels(kind)
         self.webhooks_configured = Gauge(
             "bridge_webhooks_configured",
             "Enabled webhooks in the configuration in force.",
@@ -183,6 +196,17 @@ class Metrics:
                 if isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
                     registry.unregister(metric)
                     setattr(self, name, _Unrecorded())
+
+    def register_webhooks(self, webhook_ids: Iterable[str], rungs: int) -> None:
+        """Create each webhook's main series at zero, so rates see their first events."""
+        for webhook in webhook_ids:
+            self.deliveries.labels(webhook, "received", "2xx")
+            self.deliveries.labels(webhook, "failed", "5xx")
+            self.request_duration.labels(webhook)
+            self.end_to_end.labels(webhook)
+            self.dead_letters.labels(webhook, "retries_exhausted")
+            for rung in range(1, rungs + 1):
+                self.retries.labels(webhook, str(rung))
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop the per-partition series of a partition no longer assigned here."""

@@ -168,7 +168,12 @@ class Pipeline:
             lane = self.lanes.get(webhook.id)
             if lane is not None:
                 lane.limit = webhook.concurrency
-        self.metrics.webhooks_configured.set(sum(1 for w in config.webhooks if w.enabled))
+        self._register_webhooks()
+
+    def _register_webhooks(self) -> None:
+        webhooks = self.config.webhooks
+        self.metrics.webhooks_configured.set(sum(1 for w in webhooks if w.enabled))
+        self.metrics.register_webhooks((w.id for w in webhooks), self.policy.attempts)
 
     # ---- the consume loop --------------------------------------------------------------------
 
@@ -179,7 +184,7 @@ class Pipeline:
     async def run(self) -> None:
         """Consume and dispatch until :meth:`stop` is called."""
         self._loop = asyncio.get_running_loop()
-        self.metrics.webhooks_configured.set(sum(1 for w in self.config.webhooks if w.enabled))
+        self._register_webhooks()
         consumer = self.consumer.consumer
         consumer.subscribe(
             self.topics(),
@@ -190,12 +195,11 @@ class Pipeline:
         while not self.stopping:
             self.last_loop = time.monotonic()
             messages = await self.consumer.call(
-                self.consumer.fetch, FETCH_BATCH, self._poll_timeout()
+                self.consumer.fetch, FETCH_BATCH, self._poll_timeout(), self._offsets_to_store()
             )
             if messages:
                 await self._handle(messages)
             await self._flow_control()
-            await self._store_offsets()
 
     def _poll_timeout(self) -> float:
         if not self.holds:
@@ -435,7 +439,7 @@ class Pipeline:
             await self._produce(
                 self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
             )
-            self.metrics.dead_letters.labels(reason).inc()
+            self.metrics.dead_letters.labels(delivery.webhook_id, reason).inc()
             log.warning(
                 "delivery.dead_lettered",
                 extra={
@@ -460,7 +464,7 @@ class Pipeline:
             await self._produce(
                 self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter"
             )
-            self.metrics.dead_letters.labels(error.reason).inc()
+            self.metrics.dead_letters.labels("", error.reason).inc()
             log.warning(
                 "record.dead_lettered",
                 extra={
@@ -520,13 +524,12 @@ class Pipeline:
                 offsets.append((tp, tracker.committable))
         return offsets
 
-    async def _store_offsets(self) -> None:
+    def _offsets_to_store(self) -> list[tuple[TP, int]]:
         if not self.dirty:
-            return
+            return []
         offsets = self._committable(self.dirty)
         self.dirty.clear()
-        if offsets:
-            await self.consumer.call(self.consumer.store, offsets)
+        return offsets
 
     # ---- flow control ------------------------------------------------------------------------
 
