@@ -12,9 +12,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from bridge import __version__
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from bridge.dlq import Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
 
 
@@ -70,6 +72,8 @@ def parse_time(text: str, now: float | None = None) -> int:
     age = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if age:
         seconds = int(age.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
+        if seconds > now:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back before 1970")
         return int((now - seconds) * 1000)
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
@@ -91,8 +95,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = _load(args)
     logs.configure(config.logging.format, config.logging.level)
-    asyncio.run(_run_app(config))
+    run_event_loop(_run_app(config))
     return EXIT_OK
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop where it is installed (a third faster on the delivery path)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 async def _run_app(config: Config) -> None:
@@ -201,7 +214,7 @@ def cmd_test_webhook(args: argparse.Namespace) -> int:
             hint=f"known: {known}",
             code=EXIT_USAGE,
         )
-    result = asyncio.run(send_test_delivery(config, webhook))
+    result = run_event_loop(send_test_delivery(config, webhook))
     verdict = _color("received", "32") if result.outcome.received else _color("NOT received", "31")
     print(
         f"webhook {webhook.id}: {result.outcome.describe()} in "
@@ -263,6 +276,76 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
 # ---- parser ------------------------------------------------------------------------------------
 
 
+def cmd_receive(args: argparse.Namespace) -> int:
+    """Run the sample receiver until Ctrl-C."""
+    from bridge.sample_receiver import (
+        SampleReceiver,
+        describe_endpoints,
+        parse_path_count,
+        serve,
+    )
+
+    config = _load(args)
+    try:
+        flaky = dict(parse_path_count(text) for text in args.flaky)
+    except ValueError as exc:
+        raise CliError(str(exc), hint="e.g. --flaky /webhooks/flaky:2", code=EXIT_USAGE) from exc
+    color = args.color or (sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    receiver = SampleReceiver.from_config(config, flaky=flaky, down=set(args.down), color=color)
+    unknown = (set(flaky) | set(args.down)) - set(receiver.endpoints)
+    if unknown:
+        raise CliError(
+            f"no webhook of {config.path} has the path(s) {', '.join(sorted(unknown))}",
+            code=EXIT_USAGE,
+        )
+
+    def ready() -> None:
+        print(f"sample receiver on http://{args.host}:{args.port}, verifying:", flush=True)
+        print(describe_endpoints(receiver), flush=True)
+
+    try:
+        run_event_loop(serve(receiver, args.host, args.port, ready))
+    except OSError as exc:
+        raise CliError(str(exc), hint="choose another --port") from exc
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    """Produce sample or JSON-described transactions to the source topic."""
+    from bridge.sample_producer import SampleError, produce, random_records, records_from_json
+
+    config = _load(args)
+    if args.json:
+        try:
+            records = list(records_from_json(Path(args.json)))
+        except (OSError, SampleError, ValueError) as exc:
+            raise CliError(
+                f"cannot read transactions from {args.json}: {exc}", code=EXIT_USAGE
+            ) from exc
+    else:
+        accounts = args.account or sorted({w.account for w in config.webhooks}) or ["acct_demo"]
+        records = list(random_records(args.count, accounts, args.seed))
+
+    def progress(done: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rproduced {done}/{len(records)}", end="", file=sys.stderr, flush=True)
+
+    count = produce(config, records, rate=args.rate, progress=progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    print(f"produced {count} transaction(s) to {config.topics.source}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo (see README)."""
+    from bridge.demo import main as demo_main
+
+    return demo_main(args.count, args.rate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
@@ -320,6 +403,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dlq_replay.add_argument("--all", action="store_true", help="replay every dead letter")
     dlq_replay.set_defaults(func=cmd_dlq_replay)
+    receive = sub.add_parser(
+        "receive",
+        parents=[config_parent],
+        help="sample receiver: verify webhooks and print them",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  bridge receive -c config/demo.yaml --port 8765\n"
+        "  bridge receive -c config/demo.yaml --flaky /webhooks/flaky:2 --down /webhooks/down",
+    )
+    receive.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    receive.add_argument("--port", type=int, default=8765, help="port to listen on (8765)")
+    receive.add_argument(
+        "--flaky",
+        action="append",
+        default=[],
+        metavar="/PATH:N",
+        help="fail the first N tries of each delivery on PATH (503)",
+    )
+    receive.add_argument(
+        "--down",
+        action="append",
+        default=[],
+        metavar="/PATH",
+        help="always fail deliveries on PATH (503)",
+    )
+    receive.add_argument("--color", action="store_true", help="colour even without a terminal")
+    receive.set_defaults(func=cmd_receive)
+
+    produce = sub.add_parser(
+        "produce",
+        parents=[config_parent],
+        help="sample producer: transactions to the source topic",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  bridge produce -c config/demo.yaml --count 100 --rate 20\n"
+        "  bridge produce -c config/demo.yaml --json transactions.jsonl\n"
+        "JSON fields (camelCase): transactionId, accountHolderId, status (SUCCEEDED|FAILED),\n"
+        "method, provider, account, amount, fees, label, partnerId, performedAt (ISO 8601),\n"
+        "stateData (object), failureCode, failureMessage.",
+    )
+    produce.add_argument("--count", type=int, default=10, help="random transactions (10)")
+    produce.add_argument("--rate", type=float, default=None, help="per second (default: at once)")
+    produce.add_argument(
+        "--account",
+        action="append",
+        help="account holder id (repeatable; default: the accounts of the configured webhooks)",
+    )
+    produce.add_argument("--seed", type=int, default=None, help="random seed, for repeatable runs")
+    produce.add_argument("--json", metavar="FILE", help="JSON array or JSON lines of transactions")
+    produce.set_defaults(func=cmd_produce)
+
+    demo = sub.add_parser("demo", help="broker, bridge, sample receiver and producer, together")
+    demo.add_argument("--count", type=int, default=30, help="transactions to produce (30)")
+    demo.add_argument("--rate", type=float, default=10.0, help="transactions per second (10)")
+    demo.set_defaults(func=cmd_demo)
+
     sub.add_parser(
         "bench",
         help="measure throughput, latency, retries, isolation, memory (bridge bench --help)",
