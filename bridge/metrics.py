@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import platform
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -72,6 +73,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry, enabled: bool = True) -> None:
         self.registry = registry
+        self._received: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self.records_consumed = Counter(
             "bridge_records_consumed",
             "Records consumed, by kind of topic (source or retry).",
@@ -196,6 +198,22 @@ class Metrics:
                 if isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
                     registry.unregister(metric)
                     setattr(self, name, _Unrecorded())
+
+    def delivery_received(
+        self, webhook: str, status: int, duration: float, end_to_end: float
+    ) -> None:
+        """Count one 2xx answer and observe its durations (the hot path: children are cached)."""
+        key = (webhook, status)
+        children = self._received.get(key)
+        if children is None:
+            children = self._received[key] = (
+                self.deliveries.labels(webhook, "received", status_class(status)),
+                self.request_duration.labels(webhook),
+                self.end_to_end.labels(webhook),
+            )
+        children[0].inc()
+        children[1].observe(duration)
+        children[2].observe(end_to_end)
 
     def register_webhooks(self, webhook_ids: Iterable[str], rungs: int) -> None:
         """Create each webhook's main series at zero, so rates see their first events."""

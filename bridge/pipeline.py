@@ -53,6 +53,7 @@ IDLE_POLL_S = 0.05
 REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
+MAX_DEFERRALS = 4  # then a stalled webhook's delivery climbs the ladder like a failed attempt
 REVOKE_DRAIN_S = 10.0
 
 
@@ -62,28 +63,43 @@ def now_ms() -> int:
 
 
 class Lane:
-    """A per-webhook concurrency limit whose waiters give up after a deadline (FIFO, bounded)."""
+    """A per-webhook concurrency limit that tells a busy webhook from a stalled one.
 
-    __slots__ = ("active", "limit", "waiters")
+    Deliveries wait in FIFO order for a slot while the webhook keeps answering. When it has
+    answered nothing for ``patience`` seconds with every slot taken (an endpoint that hangs until
+    the timeout), the lane is stalled: waiters give up and new deliveries do not wait, so a stalled
+    webhook cannot hold the process-wide in-flight budget that healthy webhooks need.
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("active", "last_release", "limit", "patience", "timers", "waiters")
+
+    def __init__(self, limit: int, patience: float) -> None:
         self.limit = limit
+        self.patience = patience
         self.active = 0
+        self.last_release = time.monotonic()
         self.waiters: deque[asyncio.Future[bool]] = deque()
+        self.timers: dict[asyncio.Future[bool], asyncio.TimerHandle] = {}
 
     def try_acquire(self) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
         if self.active < self.limit and not self.waiters:
+            if self.active == 0:
+                self.last_release = time.monotonic()  # an idle lane is not a stalled one
             self.active += 1
             return True
         return False
 
-    async def acquire(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a slot; False if none came."""
+    def stalled(self) -> bool:
+        """Every slot is taken and none was released for ``patience`` seconds."""
+        return self.active >= self.limit and time.monotonic() - self.last_release >= self.patience
+
+    async def acquire(self) -> bool:
+        """Wait for a slot while the webhook keeps answering; False once it is stalled."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append(waiter)
-        expiry = loop.call_later(timeout, _expire, waiter)
+        self.timers[waiter] = loop.call_later(self.patience, self._check, waiter)
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -91,21 +107,29 @@ class Lane:
                 self.release()  # the slot was handed over just as we were cancelled
             raise
         finally:
-            expiry.cancel()
+            timer = self.timers.pop(waiter, None)
+            if timer is not None:
+                timer.cancel()
+
+    def _check(self, waiter: asyncio.Future[bool]) -> None:
+        if waiter.done():
+            return
+        idle = time.monotonic() - self.last_release
+        if idle >= self.patience:
+            waiter.set_result(False)
+        else:
+            loop = asyncio.get_running_loop()
+            self.timers[waiter] = loop.call_later(self.patience - idle, self._check, waiter)
 
     def release(self) -> None:
         """Give the slot to the first live waiter, or free it."""
+        self.last_release = time.monotonic()
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(True)
                 return
         self.active -= 1
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
 
 
 @dataclass(slots=True)
@@ -141,7 +165,7 @@ class Pipeline:
         self.source_topic = config.topics.source
         self.dead_letter_topic = config.dead_letter_topic
         self.max_in_flight = config.delivery.max_in_flight
-        self.queue_timeout = config.retry.first_delay_ms / 1000
+        self.stall_patience = config.retry.first_delay_ms / 1000
         self.lanes: dict[str, Lane] = {}
         self.trackers: dict[TP, OffsetTracker] = {}
         self.next_offset: dict[TP, int] = {}
@@ -346,7 +370,7 @@ class Pipeline:
     def _lane(self, webhook: Webhook) -> Lane:
         lane = self.lanes.get(webhook.id)
         if lane is None:
-            lane = self.lanes[webhook.id] = Lane(webhook.concurrency)
+            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, self.stall_patience)
         return lane
 
     async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
@@ -354,8 +378,14 @@ class Pipeline:
         self.metrics.in_flight.inc()
         try:
             lane = self._lane(webhook)
-            if not lane.try_acquire() and not await lane.acquire(self.queue_timeout):
-                await self._defer(delivery, webhook)
+            if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
+                if delivery.deferrals < MAX_DEFERRALS:
+                    await self._defer(delivery, webhook)
+                    return
+                stalled = Outcome(
+                    None, "webhook_stalled", 0.0, "no slot: the webhook is not answering"
+                )
+                await self._not_received(delivery, webhook, stalled)
                 return
             try:
                 request = build_request(
@@ -378,11 +408,12 @@ class Pipeline:
             self._work_done(work)
 
     def _received(self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome) -> None:
-        metrics = self.metrics
-        metrics.deliveries.labels(webhook.id, "received", status_class(outcome.status)).inc()
-        metrics.request_duration.labels(webhook.id).observe(outcome.duration)
-        metrics.end_to_end.labels(webhook.id).observe(
-            max(0.0, (now_ms() - delivery.source.timestamp_ms) / 1000)
+        assert outcome.status is not None
+        self.metrics.delivery_received(
+            webhook.id,
+            outcome.status,
+            outcome.duration,
+            max(0.0, (now_ms() - delivery.source.timestamp_ms) / 1000),
         )
         if log.isEnabledFor(logging.DEBUG):
             log.debug("delivery.received", extra={"fields": _fields(delivery, outcome)})
@@ -394,7 +425,8 @@ class Pipeline:
         metrics.deliveries.labels(
             webhook.id, "failed", status_class(outcome.status, outcome.error)
         ).inc()
-        metrics.request_duration.labels(webhook.id).observe(outcome.duration)
+        if outcome.duration:
+            metrics.request_duration.labels(webhook.id).observe(outcome.duration)
         step = self.policy.after_failure(delivery.attempt, now_ms())
         error = outcome.describe()
         if isinstance(step, GiveUp):

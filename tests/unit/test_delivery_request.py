@@ -6,6 +6,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import time
 
 from bridge import __version__
 from bridge.config import Secret, Webhook
@@ -53,27 +54,43 @@ def test_only_2xx_counts_as_received() -> None:
     )
 
 
-def test_lane_limits_concurrency_and_waiters_give_up() -> None:
-    async def scenario() -> tuple[bool, bool, bool, bool]:
-        lane = Lane(1)
-        first = lane.try_acquire()
-        second = lane.try_acquire()
-        gave_up = await lane.acquire(0.01)
-        waiter = asyncio.ensure_future(lane.acquire(5))
-        await asyncio.sleep(0)
-        lane.release()  # hands the slot to the waiter
-        handed = await waiter
-        lane.release()
-        return first, second, gave_up, handed and lane.active == 0
+def test_a_moving_lane_keeps_waiters_past_its_patience() -> None:
+    async def scenario() -> tuple[bool, bool, float]:
+        lane = Lane(2, patience=0.05)
+        lane.try_acquire()  # hangs for the whole test
+        lane.try_acquire()  # answers after 0.03 s
+        started = time.monotonic()
+        first = asyncio.ensure_future(lane.acquire())
+        second = asyncio.ensure_future(lane.acquire())
+        await asyncio.sleep(0.03)
+        lane.release()  # -> first
+        await asyncio.sleep(0.04)
+        lane.release()  # first answers -> second, 0.07 s after it began to wait
+        results = await asyncio.gather(first, second)
+        return results[0], results[1], time.monotonic() - started
 
-    assert asyncio.run(scenario()) == (True, False, False, True)
+    first, second, waited = asyncio.run(scenario())
+    assert first and second
+    assert waited > 0.05
+
+
+def test_a_stalled_lane_turns_waiters_and_newcomers_away() -> None:
+    async def scenario() -> tuple[bool, bool, bool]:
+        lane = Lane(1, patience=0.05)
+        lane.try_acquire()  # a request that never answers
+        waited = await lane.acquire()
+        stalled = lane.stalled()
+        lane.release()
+        return waited, stalled, lane.stalled()
+
+    assert asyncio.run(scenario()) == (False, True, False)
 
 
 def test_cancelled_waiter_does_not_leak_a_slot() -> None:
     async def scenario() -> int:
-        lane = Lane(1)
+        lane = Lane(1, patience=5)
         lane.try_acquire()
-        waiter = asyncio.ensure_future(lane.acquire(5))
+        waiter = asyncio.ensure_future(lane.acquire())
         await asyncio.sleep(0)
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
