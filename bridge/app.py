@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import signal
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,7 @@ from bridge.registry import SchemaRegistryClient
 from bridge.reload import ConfigWatcher
 
 log = logging.getLogger("bridge.app")
+BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
 
 
 def build_decoder(config: Config) -> Decoder:
@@ -98,17 +100,32 @@ class App:
         """The checks behind ``/readyz``."""
         return {
             "config_loaded": True,
-            "broker_reachable": self.broker_up or self.pipeline.broker_reachable,
+            "broker_reachable": self.broker_up
+            or time.monotonic() - self.pipeline.last_message < BROKER_SILENCE_S,
             "consuming": not self.pipeline.stopping,
         }
 
     def _apply(self, config: Config) -> None:
-        self.pipeline.apply_config(config)
+        try:
+            self.pipeline.apply_config(config)
+        except Exception:  # keep watching: the old webhook set stays in force
+            log.exception("config.apply_failed")
+            self._rejected(None)
+            return
         self.metrics.config_reloads.labels("applied").inc()
         self.metrics.config_reload_ok.set(1)
-        log.info("config.reloaded", extra={"fields": {"webhooks": len(config.webhooks)}})
+        frozen = [
+            name
+            for name in ("kafka", "schemas", "topics", "retry", "delivery", "metrics", "logging")
+            if getattr(config, name) != getattr(self.config, name)
+        ]
+        if frozen:
+            log.warning(
+                "config.restart_required",
+                extra={"fields": {"sections": frozen, "applied": "webhooks only"}},
+            )
 
-    def _rejected(self, error: ConfigError) -> None:
+    def _rejected(self, error: ConfigError | None) -> None:
         self.metrics.config_reloads.labels("rejected").inc()
         self.metrics.config_reload_ok.set(0)
 
@@ -123,7 +140,6 @@ class App:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        self.pipeline.broker_reachable = False
         runner = await start_health_server(
             health_app(self.registry, lambda: self.pipeline.last_loop, self.readiness),
             self.config.metrics.host,

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
+from confluent_kafka import KafkaException
+
 from bridge import __version__
 from bridge.config import Config, load_config
 from bridge.errors import ConfigError
 
 if TYPE_CHECKING:
-    from bridge.dlq import Selection
+    from bridge.dlq import DeadLetter, Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
@@ -230,14 +232,28 @@ def _selection(args: argparse.Namespace) -> Selection:
     return Selection(args.webhook, args.reason, args.since, args.until)
 
 
+def _dead_letters(config: Config) -> list[DeadLetter]:
+    """Every dead letter, or a clear error when the topic cannot be read."""
+    from bridge.dlq import read_dead_letters
+
+    try:
+        return list(read_dead_letters(config))
+    except LookupError as exc:
+        raise CliError(str(exc).strip("'\""), hint="run `bridge topics` first") from exc
+    except (KafkaException, TimeoutError) as exc:
+        raise CliError(
+            f"cannot read {config.dead_letter_topic} at {config.kafka.bootstrap_servers}: {exc}",
+            hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
+        ) from exc
+
+
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     """Print dead letters as a table."""
-    from bridge.dlq import read_dead_letters
 
     config = _load(args)
     selection = _selection(args)
     now = time.time_ns() // 1_000_000
-    rows = [letter.row(now) for letter in read_dead_letters(config) if selection.matches(letter)]
+    rows = [letter.row(now) for letter in _dead_letters(config) if selection.matches(letter)]
     if args.limit:
         rows = rows[-args.limit :]
     print(_table(rows, ["AT", "KIND", "WEBHOOK", "REASON", "ATTEMPTS", "LAST", "AGE"]))
@@ -247,7 +263,7 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
     """Re-inject selected dead letters at attempt 0."""
-    from bridge.dlq import read_dead_letters, replay
+    from bridge.dlq import replay
 
     config = _load(args)
     if not (args.all or args.webhook or args.reason or args.since or args.until):
@@ -257,7 +273,7 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
             code=EXIT_USAGE,
         )
     selection = _selection(args)
-    letters = [letter for letter in read_dead_letters(config) if selection.matches(letter)]
+    letters = [letter for letter in _dead_letters(config) if selection.matches(letter)]
     if not letters:
         print("no dead letters match")
         return EXIT_OK
@@ -266,7 +282,12 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"\rreplaying {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    count = replay(config, letters, progress)
+    try:
+        count = replay(config, letters, progress)
+    except RuntimeError as exc:
+        raise CliError(
+            str(exc), hint="check the broker, then replay the same selection again"
+        ) from exc
     if sys.stderr.isatty():
         print(file=sys.stderr)
     print(f"replayed {count} of {len(letters)} dead letter(s)")
@@ -332,7 +353,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"\rproduced {done}/{len(records)}", end="", file=sys.stderr, flush=True)
 
-    count = produce(config, records, rate=args.rate, progress=progress)
+    try:
+        count = produce(config, records, rate=args.rate, progress=progress)
+    except (RuntimeError, KafkaException) as exc:
+        raise CliError(str(exc), hint="check kafka.bootstrap_servers and the source topic") from exc
     if sys.stderr.isatty():
         print(file=sys.stderr)
     print(f"produced {count} transaction(s) to {config.topics.source}")
@@ -344,6 +368,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from bridge.demo import main as demo_main
 
     return demo_main(args.count, args.rate)
+
+
+def cmd_bench(_args: argparse.Namespace) -> int:
+    """The benchmark with its defaults (``main`` passes ``bridge bench`` options through)."""
+    from bridge.bench import main as bench_main
+
+    return bench_main([])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -459,11 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=float, default=10.0, help="transactions per second (10)")
     demo.set_defaults(func=cmd_demo)
 
-    sub.add_parser(
+    bench = sub.add_parser(
         "bench",
         help="measure throughput, latency, retries, isolation, memory (bridge bench --help)",
         add_help=False,
     )
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -215,6 +215,9 @@ class Config:
             "sasl.username": kafka.sasl_username,
         }
         settings.update({key: value for key, value in optional.items() if value is not None})
+        protocol = (kafka.security_protocol or "").upper()
+        if protocol.startswith("SASL") and kafka.sasl_mechanism is None:
+            settings["sasl.mechanism"] = "PLAIN"  # librdkafka's own default is GSSAPI
         if kafka.sasl_password is not None:
             settings["sasl.password"] = kafka.sasl_password.reveal().decode("utf-8")
         settings.update(kafka.properties)
@@ -443,7 +446,7 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
         "replication_factor": _Field(_integer(1, 100)),
     },
     "retry": {
-        "attempts": _Field(_integer(0, 20)),
+        "attempts": _Field(_integer(1, 20)),
         "first_delay_ms": _Field(_integer(0, 86_400_000)),
         "increment_ms": _Field(_integer(0, 86_400_000)),
     },
@@ -666,6 +669,14 @@ class _Loader:
         schemas = SchemasConfig(**section.values)
         if schemas.mode == "registry" and schemas.registry_url is None:
             self.problem(section.node, section.where("registry_url"), "required in registry mode")
+        reader = schemas.directory / "transaction_outcome.avsc"
+        if not reader.is_file():
+            self.problem(
+                section.node,
+                section.where("directory"),
+                f"{str(schemas.directory)!r} holds no transaction_outcome.avsc "
+                "(paths are relative to the working directory)",
+            )
         return schemas
 
     def topics(self, section: _Values) -> TopicsConfig:

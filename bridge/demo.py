@@ -175,8 +175,18 @@ class Demo:
         self.say(
             f"done in {time.monotonic() - started:.0f}s ({elapsed:.0f}s after the broker was ready)"
         )
-        print(f"    dead letters: python -m bridge dlq list -c {path}")
+        self.show_dead_letters(config)
         return 0
+
+    def show_dead_letters(self, config: Config) -> None:
+        """What ``bridge dlq list`` shows for this run (the broker stops with the demo)."""
+        from bridge.dlq import read_dead_letters
+
+        now = time.time_ns() // 1_000_000
+        rows = [letter.row(now) for letter in read_dead_letters(config)]
+        print(f"    dead letters (as `bridge dlq list` shows them): {len(rows)}")
+        for row in rows[-5:]:
+            print("      " + "  ".join(row))
 
     def _expected_received(self, config: Config, failed: int) -> int:
         """2xx answers the run ends with: every webhook but the always-failing one."""

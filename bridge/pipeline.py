@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -177,7 +177,7 @@ class Pipeline:
         self.backpressure = False
         self.stopping = False
         self.handing_off = False
-        self.broker_reachable = False
+        self.last_message = float("-inf")  # monotonic time of the last record fetched
         self.last_loop = time.monotonic()
         self._registry_failures: dict[TP, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -233,12 +233,12 @@ class Pipeline:
 
     async def _handle(self, messages: list[Message]) -> None:
         wall_ms = now_ms()
+        self.last_message = time.monotonic()
         for msg in messages:
             error = msg.error()
             if error is not None:
                 self._kafka_error(error)
                 continue
-            self.broker_reachable = True
             tp: TP = (msg.topic(), msg.partition())
             offset = msg.offset()
             tracker = self.trackers.get(tp)
@@ -301,7 +301,7 @@ class Pipeline:
             self.metrics.record_failures.labels(exc.reason).inc()
             tracker.started(source.offset)
             work = RecordWork(tp, source.offset, 1)
-            self._spawn(tp, self._dead_letter_poison(msg, source, exc, work))
+            self._spawn(tp, self._settled(work, self._dead_letter_poison(msg, source, exc)))
             return True
         self._registry_failures.pop(tp, None)
         self.metrics.records_consumed.labels("source").inc()
@@ -335,7 +335,10 @@ class Pipeline:
             tracker.started(msg.offset())
             error = RecordError("malformed_retry_record", str(exc), msg.value())
             self._spawn(
-                tp, self._dead_letter_poison(msg, source, error, RecordWork(tp, msg.offset(), 1))
+                tp,
+                self._settled(
+                    RecordWork(tp, msg.offset(), 1), self._dead_letter_poison(msg, source, error)
+                ),
             )
             return True
         if delivery.due_ms > wall_ms:
@@ -354,7 +357,9 @@ class Pipeline:
         elif delivery.event not in webhook.events:
             reason = "event_unsubscribed"
         if webhook is None or reason is not None:
-            self._spawn(tp, self._dead_letter(delivery, reason or "webhook_removed", work))
+            self._spawn(
+                tp, self._settled(work, self._dead_letter(delivery, reason or "webhook_removed"))
+            )
         else:
             self._spawn(tp, self._deliver(delivery, webhook, work))
         return True
@@ -374,38 +379,53 @@ class Pipeline:
         return lane
 
     async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
+        """Run one delivery; its record counts as finished only if the delivery settled.
+
+        Settled means received, or durably written to a delay or dead-letter topic. A delivery
+        that is cancelled (partitions revoked) or fails unexpectedly leaves its record unfinished,
+        so its offset is never committed and the record is delivered again by whoever consumes
+        it next.
+        """
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            lane = self._lane(webhook)
-            if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
-                if delivery.deferrals < MAX_DEFERRALS:
-                    await self._defer(delivery, webhook)
-                    return
-                stalled = Outcome(
-                    None, "webhook_stalled", 0.0, "no slot: the webhook is not answering"
-                )
-                await self._not_received(delivery, webhook, stalled)
-                return
-            try:
-                request = build_request(
-                    webhook, delivery.message_id, delivery.body, int(time.time())
-                )
-                outcome = await self.sender.send(request, webhook.timeout_seconds)
-            finally:
-                lane.release()
-            if outcome.received:
-                self._received(delivery, webhook, outcome)
-            else:
-                await self._not_received(delivery, webhook, outcome)
+            await self._attempt(delivery, webhook)
         except asyncio.CancelledError:
             if not self.handing_off:
                 raise
             await self._hand_off(delivery)
+        except Exception:
+            log.exception(
+                "delivery.crashed",
+                extra={
+                    "fields": {"webhook": delivery.webhook_id, "webhook_id": delivery.message_id}
+                },
+            )
+            return
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
-            self._work_done(work)
+        self._work_done(work)
+
+    async def _attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
+        """One attempt, then its consequence: received, next rung, parked or dead letter."""
+        lane = self._lane(webhook)
+        if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
+            if delivery.deferrals < MAX_DEFERRALS:
+                await self._defer(delivery, webhook)
+                return
+            stalled = Outcome(None, "webhook_stalled", 0.0, "no slot: the webhook is not answering")
+            await self._not_received(delivery, webhook, stalled)
+            return
+        try:
+            request = build_request(webhook, delivery.message_id, delivery.body, int(time.time()))
+            outcome = await self.sender.send(request, webhook.timeout_seconds)
+        finally:
+            lane.release()
+        if outcome.received:
+            self._received(delivery, webhook, outcome)
+        else:
+            await self._not_received(delivery, webhook, outcome)
 
     def _received(self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome) -> None:
         assert outcome.status is not None
@@ -435,7 +455,7 @@ class Pipeline:
                 "delivery.failed",
                 extra={"fields": {**_fields(delivery, outcome), "next": "dead_letter"}},
             )
-            await self._dead_letter(failed, "retries_exhausted", None, step.attempts_made)
+            await self._dead_letter(failed, "retries_exhausted", step.attempts_made)
             return
         retry = delivery.next(step.attempt, step.due_ms, outcome.status, error)
         log.info(
@@ -453,64 +473,61 @@ class Pipeline:
 
     async def _hand_off(self, delivery: PendingDelivery) -> None:
         """At shutdown: park a delivery still in flight in rung 1, due at once, same attempt."""
-        parked = delivery.next(delivery.attempt, now_ms(), None, "", deferred=True)
-        await self._produce(
-            self.policy.delay_topics[0], parked.body, parked.key, delay_headers(parked), "retry"
-        )
+        parked = replace(delivery, due_ms=now_ms())
+        topic = self.policy.delay_topics[0]
+        await self._produce(topic, parked.body, parked.key, delay_headers(parked), "retry")
+
+    async def _settled(self, work: RecordWork, step: Coroutine[Any, Any, None]) -> None:
+        """Run ``step`` (a dead-letter write); the record is finished only if it completes."""
+        try:
+            await step
+        except Exception:
+            log.exception(
+                "record.crashed", extra={"fields": {"partition": work.tp, "offset": work.offset}}
+            )
+            return
+        self._work_done(work)
 
     async def _dead_letter(
-        self,
-        delivery: PendingDelivery,
-        reason: str,
-        work: RecordWork | None,
-        attempts: int | None = None,
+        self, delivery: PendingDelivery, reason: str, attempts: int | None = None
     ) -> None:
-        try:
-            made = delivery.attempt if attempts is None else attempts  # requests made so far
-            headers = dead_letter_headers(delivery, reason, made, now_ms())
-            await self._produce(
-                self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
-            )
-            self.metrics.dead_letters.labels(delivery.webhook_id, reason).inc()
-            log.warning(
-                "delivery.dead_lettered",
-                extra={
-                    "fields": {
-                        "webhook": delivery.webhook_id,
-                        "webhook_id": delivery.message_id,
-                        "reason": reason,
-                        "attempts": made,
-                        "last_error": delivery.last_error,
-                    }
-                },
-            )
-        finally:
-            if work is not None:
-                self._work_done(work)
+        made = delivery.attempt if attempts is None else attempts  # requests made so far
+        headers = dead_letter_headers(delivery, reason, made, now_ms())
+        await self._produce(
+            self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
+        )
+        self.metrics.dead_letters.labels(delivery.webhook_id, reason).inc()
+        log.warning(
+            "delivery.dead_lettered",
+            extra={
+                "fields": {
+                    "webhook": delivery.webhook_id,
+                    "webhook_id": delivery.message_id,
+                    "reason": reason,
+                    "attempts": made,
+                    "last_error": delivery.last_error,
+                }
+            },
+        )
 
     async def _dead_letter_poison(
-        self, msg: Message, source: SourceRef, error: RecordError, work: RecordWork
+        self, msg: Message, source: SourceRef, error: RecordError
     ) -> None:
-        try:
-            headers = poison_headers(source, error.reason, error.detail, now_ms())
-            await self._produce(
-                self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter"
-            )
-            self.metrics.dead_letters.labels("", error.reason).inc()
-            log.warning(
-                "record.dead_lettered",
-                extra={
-                    "fields": {
-                        "reason": error.reason,
-                        "detail": error.detail[:300],
-                        "topic": source.topic,
-                        "partition": source.partition,
-                        "offset": source.offset,
-                    }
-                },
-            )
-        finally:
-            self._work_done(work)
+        headers = poison_headers(source, error.reason, error.detail, now_ms())
+        await self._produce(self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter")
+        self.metrics.dead_letters.labels("", error.reason).inc()
+        log.warning(
+            "record.dead_lettered",
+            extra={
+                "fields": {
+                    "reason": error.reason,
+                    "detail": error.detail[:300],
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                }
+            },
+        )
 
     async def _produce(
         self,

@@ -61,7 +61,7 @@ def test_example_config_loads_with_its_environment_and_secret_files(tmp_path: Pa
     assert alerts.previous_secret.reveal() == b"alerts-previous"
     assert (alerts.signature, alerts.timeout_seconds, alerts.concurrency) == ("secret", 5.0, 8)
     assert config.delivery.allowed_networks == (ipaddress.ip_network("10.20.0.0/16"),)
-    assert config.kafka_settings()["statistics.interval.ms"] == "0"
+    assert config.kafka_settings()["socket.keepalive.enable"] == "true"
     assert [source for source, _ in config.sources] == [
         path,
         secrets / "shop-alerts",
@@ -254,7 +254,7 @@ webhooks:
     assert problems_of(path) == [
         f"{path}:2: field 'kafka.bootstrap_server': unknown key "
         "(did you mean 'bootstrap_servers'?)",
-        f"{path}:4: field 'retry.attempts': must be between 0 and 20, got 25",
+        f"{path}:4: field 'retry.attempts': must be between 1 and 20, got 25",
         f"{path}:5: field 'retry.first_delay_ms': expected an integer, got a string",
         f"{path}:7: field 'delivery.timeout_seconds': must be above 0 and at most 300, got 0",
         f"{path}:8: field 'logging.level': unknown value 'loud' "
@@ -454,3 +454,20 @@ def test_dataclasses_are_frozen() -> None:
     delivery = DeliveryConfig()
     with pytest.raises(AttributeError):
         delivery.timeout_seconds = 1.0  # type: ignore[misc]
+
+
+def test_sasl_without_a_mechanism_means_plain(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(
+        "kafka:\n  security_protocol: SASL_SSL\n  sasl_username: u\n  sasl_password: p\n"
+        f"schemas:\n  directory: {Path('schemas').resolve()}\nwebhooks: []\n"
+    )
+    settings = load_config(path, environ={}).kafka_settings()
+    assert settings["sasl.mechanism"] == "PLAIN"
+
+
+def test_a_schema_directory_without_the_reader_schema_is_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(f"schemas:\n  directory: {tmp_path}\nwebhooks: []\n")
+    with pytest.raises(ConfigError, match=r"holds no transaction_outcome\.avsc"):
+        load_config(path, environ={})
