@@ -15,7 +15,6 @@ import io
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bridge.decoding import Decoder
-from bridge.devkafka import CACHE, Broker, free_port
+from bridge.devkafka import CACHE, Broker, free_port, stop_process
 from bridge.encoding import load_schema_file
 from bridge.mapping import to_notification
 from bridge.samples import make_record
@@ -142,6 +141,18 @@ class Stage:
             future.result(30)
         return source
 
+    def reader(self, prefix: str) -> Consumer:
+        """A consumer in a new group reading from the beginning, committing only by hand."""
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"{prefix}-{uuid.uuid4()}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                **QUIET,
+            }
+        )
+
     def encode(self, record: dict[str, Any]) -> bytes:
         buffer = io.BytesIO()
         fastavro.schemaless_writer(buffer, self.parsed, record)
@@ -248,12 +259,7 @@ class Stage:
         try:
             yield process
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process, 60)
             log.close()
 
 
@@ -308,15 +314,7 @@ def scenario_pure(records: int) -> dict[str, Any]:
 
 def scenario_raw_consume(stage: Stage, topic: str, count: int) -> dict[str, Any]:
     """Consume the backlog with confluent-kafka and no processing."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": stage.bootstrap,
-            "group.id": f"raw-{uuid.uuid4()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            **QUIET,
-        }
-    )
+    consumer = stage.reader("raw")
     consumer.subscribe([topic])
     seen = 0
     started = None
@@ -374,15 +372,7 @@ def scenario_peer(stage: Stage, topic: str, seconds: float) -> dict[str, Any]:
 
     decoder = Decoder.from_schema_dir(SCHEMAS)
     hook = Webhook("peer", "acct", stage.url("/ok/peer"), frozenset({SUCCESS}), Secret(b"s"))
-    consumer = Consumer(
-        {
-            "bootstrap.servers": stage.bootstrap,
-            "group.id": f"peer-{uuid.uuid4()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            **QUIET,
-        }
-    )
+    consumer = stage.reader("peer")
     consumer.subscribe([topic])
     done = 0
     started = None
@@ -539,14 +529,7 @@ def scenario_memory(stage: Stage, records: int) -> dict[str, Any]:
         retry={"attempts": 5, "first_delay_ms": 500, "increment_ms": 500},
     ) as process:
         stage.produce_backlog(topic, records, "acct_down")
-        consumer_dlq = Consumer(
-            {
-                "bootstrap.servers": stage.bootstrap,
-                **QUIET,
-                "group.id": f"count-{uuid.uuid4()}",
-                "auto.offset.reset": "earliest",
-            }
-        )
+        consumer_dlq = stage.reader("count")
         consumer_dlq.subscribe([f"{topic}.dlq"])
         letters = 0
         deadline = time.monotonic() + 3600

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from bridge.config import Config, load_config
-from bridge.devkafka import CACHE, REPO_ROOT, Broker, free_port
+from bridge.devkafka import CACHE, REPO_ROOT, Broker, free_port, stop_process
 
 DEMO_CONFIG = REPO_ROOT / "config" / "demo.yaml"
 FLAKY_PATH, FLAKY_FAILURES = "/webhooks/flaky", 2
@@ -247,13 +247,7 @@ class Demo:
     def stop(self) -> None:
         """Stop every process the demo started, the bridge first (it drains and commits)."""
         for process in reversed(self.processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, 30)
         if self.broker is not None:
             self.broker.stop()
 

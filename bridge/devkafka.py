@@ -115,6 +115,18 @@ def kafka_libs() -> Path:
     )
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM a child process, SIGKILL it if it is still running after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
