@@ -1,4 +1,4 @@
-"""The benchmark command runs end to end at small sizes and writes its results (speed not judged)."""
+"""The benchmark command runs end to end at small sizes and writes results (speed not judged)."""
 
 from __future__ import annotations
 
