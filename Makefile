@@ -13,14 +13,14 @@ test: lint ## Everything: lint, type-check, unit and integration tests against t
 demo: $(STAMP) ## The demo: broker, bridge, sample receiver and producer
 	$(PY) -m bridge demo
 
-lint: $(STAMP) kafka-jars prometheus-tools
+lint: $(STAMP) kafka-jars registry-jars prometheus-tools
 	$(VENV)/bin/ruff check bridge tests deploy
 	$(VENV)/bin/mypy
 
 unit: $(STAMP) prometheus-tools
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) kafka-jars prometheus-tools
+integration: $(STAMP) kafka-jars registry-jars prometheus-tools
 	$(PY) -m pytest tests/integration
 
 bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
@@ -35,6 +35,11 @@ broker-stop: $(STAMP)
 # Prometheus and promtool (Debian's package) check the dashboard and alert rules in the tests.
 prometheus-tools:
 	@sh deploy/prometheus/ensure-prometheus.sh
+
+# Apicurio Registry (Maven Central) for the schema-registry integration tests.
+.PHONY: registry-jars
+registry-jars: $(STAMP)
+	@$(PY) -m bridge.devregistry fetch >/dev/null
 
 .PHONY: kafka-jars
 kafka-jars: $(STAMP)

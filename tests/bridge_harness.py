@@ -50,6 +50,8 @@ class BridgeSetup:
     partitions: int = 3
     retry: dict[str, Any] = field(default_factory=dict)
     delivery: dict[str, Any] = field(default_factory=dict)
+    schemas: dict[str, Any] = field(default_factory=dict)
+    kafka: dict[str, Any] = field(default_factory=dict)
     source: str = field(default_factory=lambda: unique_name("tx"))
     group: str = field(default_factory=lambda: unique_name("bridge"))
     processes: list[BridgeProcess] = field(default_factory=list)
@@ -63,8 +65,8 @@ class BridgeSetup:
         if webhooks is not None:
             self.webhooks = webhooks
         document = {
-            "kafka": {"bootstrap_servers": self.bootstrap, "group_id": self.group},
-            "schemas": {"mode": "embedded", "directory": str(REPO / "schemas")},
+            "kafka": {"bootstrap_servers": self.bootstrap, "group_id": self.group, **self.kafka},
+            "schemas": {"mode": "embedded", "directory": str(REPO / "schemas"), **self.schemas},
             "topics": {"source": self.source, "partitions": self.partitions},
             "retry": {"attempts": 5, "first_delay_ms": 500, "increment_ms": 500, **self.retry},
             "delivery": {

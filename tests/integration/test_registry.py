@@ -1,0 +1,140 @@
+"""The schema-registry path against a real Apicurio Registry (its Confluent-compatible API)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.decoding import Decoder
+from bridge.devregistry import Registry
+from bridge.encoding import encode_confluent, load_schema_file
+from bridge.envelope import header_map
+from bridge.errors import DecodeError, RegistryUnavailableError
+from bridge.registry import SchemaRegistryClient
+from bridge.samples import make_record
+from tests.bridge_harness import BridgeSetup, webhook
+from tests.kafka_helpers import unique_name, wait_for
+from tests.receiver import Receiver
+
+pytestmark = pytest.mark.integration
+
+Setup = Callable[..., BridgeSetup]
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+V1 = load_schema_file(SCHEMAS / "transaction_outcome.v1.avsc")
+V2 = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
+UNREGISTERED_ID = 2_000_000_000  # far beyond the ids a fresh registry hands out
+PERFORMED_AT = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """One Apicurio Registry for the module (fetched into .cache/apicurio/ on first use)."""
+    owned = Registry(tmp_path_factory.mktemp("registry"))
+    try:
+        owned.start()
+        yield owned
+    finally:
+        owned.stop()
+
+
+def v1_record(transaction_id: str) -> dict[str, Any]:
+    """A record as a version-1 producer writes it: no merchantReference."""
+    record = make_record(transaction_id, "acct_1", performed_at=PERFORMED_AT)
+    del record["merchantReference"]
+    return record
+
+
+def v2_record(transaction_id: str, merchant_reference: str) -> dict[str, Any]:
+    """A record as a version-2 (current) producer writes it."""
+    record = make_record(transaction_id, "acct_1", performed_at=PERFORMED_AT)
+    return {**record, "merchantReference": merchant_reference}
+
+
+def test_client_registers_and_fetches_both_schema_versions(registry: Registry) -> None:
+    subject = unique_name("tx") + "-value"
+    with SchemaRegistryClient(registry.ccompat_url) as producer_side:
+        id_v1 = producer_side.register(subject, V1)
+        id_v2 = producer_side.register(subject, V2)
+        assert producer_side.register(subject, V1) == id_v1, "registering again is idempotent"
+    assert id_v1 != id_v2
+
+    with SchemaRegistryClient(registry.ccompat_url) as client:
+        assert client.cached(id_v1) is None, "a new client fetches over HTTP"
+        assert client.fetch(id_v1) == V1
+        assert client.fetch(id_v2) == V2
+        decoder = Decoder(V2, registry=client)
+        old = decoder.decode(encode_confluent(id_v1, V1, v1_record("tx-v1")))
+        new = decoder.decode(encode_confluent(id_v2, V2, v2_record("tx-v2", "ref-2")))
+    assert old == {**v1_record("tx-v1"), "merchantReference": None}
+    assert new == v2_record("tx-v2", "ref-2")
+
+
+def test_unknown_schema_id_is_a_non_retriable_decode_error(registry: Registry) -> None:
+    value = encode_confluent(UNREGISTERED_ID, V2, v2_record("tx-unknown", "ref-x"))
+    with SchemaRegistryClient(registry.ccompat_url) as client:
+        with pytest.raises(DecodeError) as fetched:
+            client.fetch(UNREGISTERED_ID)
+        with pytest.raises(DecodeError) as decoded:
+            Decoder(V2, registry=client).decode(value)
+    assert fetched.value.reason == "unknown_schema_id"
+    assert not fetched.value.retriable
+    assert decoded.value.reason == "unknown_schema_id"
+    assert decoded.value.raw == value, "the raw bytes are kept for the dead-letter topic"
+
+
+def test_stopped_registry_is_a_retriable_unavailable_error(tmp_path: Path) -> None:
+    own = Registry(tmp_path / "registry")
+    try:
+        own.start()
+        url = own.ccompat_url
+        with SchemaRegistryClient(url, timeout=2) as warm, SchemaRegistryClient(url) as cold:
+            schema_id = warm.register(unique_name("tx") + "-value", V2)
+            own.stop()
+            assert warm.fetch(schema_id) == V2, "a known id is served from the cache"
+            with pytest.raises(RegistryUnavailableError) as caught:
+                cold.fetch(schema_id)
+    finally:
+        own.stop()
+    assert caught.value.retriable
+    assert url in str(caught.value)
+
+
+def test_bridge_reads_v1_and_v2_records_and_dead_letters_unknown_ids(
+    registry: Registry, receiver: Receiver, bridge_setup: Setup
+) -> None:
+    setup = bridge_setup(
+        [webhook("hook", "acct_1", receiver.url("/hook"))],
+        partitions=1,
+        schemas={"mode": "registry", "registry_url": registry.ccompat_url},
+    )
+    with SchemaRegistryClient(registry.ccompat_url) as client:
+        id_v1 = client.register(f"{setup.source}-value", V1)
+        id_v2 = client.register(f"{setup.source}-value", V2)
+    unknown = encode_confluent(UNREGISTERED_ID, V2, v2_record("tx-unknown", "ref-x"))
+    bridge = setup.start_bridge()
+    setup.produce_raw(
+        [
+            encode_confluent(id_v1, V1, v1_record("tx-v1")),
+            unknown,
+            encode_confluent(id_v2, V2, v2_record("tx-v2", "ref-2")),
+        ]
+    )
+
+    letters = setup.dead_letters(1)
+    wait_for(lambda: len(receiver.on("/hook")) == 2, 30, message="the v1 and v2 records")
+    bodies = [json.loads(request.body) for request in receiver.on("/hook")]
+    assert sorted(body["transactionId"] for body in bodies) == ["tx-v1", "tx-v2"]
+    assert all("merchantReference" not in body for body in bodies)
+    headers = header_map(letters[0].headers())
+    assert letters[0].value() == unknown
+    assert headers["bridge-kind"] == "poison"
+    assert headers["bridge-reason"] == "unknown_schema_id"
+    assert str(UNREGISTERED_ID) in headers["bridge-detail"]
+    assert bridge.process is not None and bridge.process.poll() is None, "the bridge never crashes"
+    assert bridge.terminate() == 0
