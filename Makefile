@@ -1,26 +1,29 @@
-# The README's commands. Everything is set up on first use and cached:
-# .venv/ (virtualenv), .cache/kafka/ (broker jars from Maven Central).
+# The README's commands. Everything is set up on first use and cached: .venv/ (virtualenv),
+# .cache/kafka/ and .cache/apicurio/ (jars from Maven Central); Debian's prometheus package.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint unit integration bench broker-start broker-stop clean prometheus-tools
+.PHONY: test demo lint unit integration bench broker-start broker-stop clean setup \
+	kafka-jars registry-jars prometheus-tools
 
-test: lint ## Everything: lint, type-check, unit and integration tests against the real broker
+test: setup lint ## Everything: lint, type-check, unit and integration tests (real broker)
 	$(PY) -m pytest tests
 
-demo: $(STAMP) ## The demo: broker, bridge, sample receiver and producer
+demo: $(STAMP) kafka-jars ## The demo: broker, bridge, sample receiver and producer
 	$(PY) -m bridge demo
 
-lint: $(STAMP) kafka-jars registry-jars prometheus-tools
+setup: $(STAMP) kafka-jars registry-jars prometheus-tools
+
+lint: $(STAMP)
 	$(VENV)/bin/ruff check bridge tests deploy
 	$(VENV)/bin/mypy
 
 unit: $(STAMP) prometheus-tools
 	$(PY) -m pytest tests/unit
 
-integration: $(STAMP) kafka-jars registry-jars prometheus-tools
+integration: setup
 	$(PY) -m pytest tests/integration
 
 bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
@@ -36,12 +39,10 @@ broker-stop: $(STAMP)
 prometheus-tools:
 	@sh deploy/prometheus/ensure-prometheus.sh
 
-# Apicurio Registry (Maven Central) for the schema-registry integration tests.
-.PHONY: registry-jars
+# Apicurio Registry for the schema-registry integration tests.
 registry-jars: $(STAMP)
 	@$(PY) -m bridge.devregistry fetch >/dev/null
 
-.PHONY: kafka-jars
 kafka-jars: $(STAMP)
 	@$(PY) deploy/kafka/broker.py fetch >/dev/null
 
