@@ -35,6 +35,10 @@ def consumer_settings(
         "auto.commit.interval.ms": 1000,
         "partition.assignment.strategy": "cooperative-sticky",
         "fetch.wait.max.ms": 50,
+        # Bound the prefetch: the default (64 MiB queued, 50 MiB per fetch) alone would take the
+        # process past its memory budget when delay topics churn; 500 records a turn need far less.
+        "queued.max.messages.kbytes": 8192,
+        "fetch.max.bytes": 8_388_608,
         "enable.partition.eof": False,
         **(extra or {}),
     }
