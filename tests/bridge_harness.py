@@ -97,13 +97,13 @@ class BridgeSetup:
     def delay_topic(self, rung: int) -> str:
         return f"{self.source}.retry.{rung}"
 
-    def start_bridge(self) -> BridgeProcess:
-        """Start one bridge process and wait until it has partitions assigned."""
+    def start_bridge(self, wait_assigned: bool = True) -> BridgeProcess:
+        """Start one bridge process; by default wait until it has partitions assigned."""
         process = BridgeProcess(
             self.config_path, self.workdir / f"bridge-{len(self.processes)}.log"
         )
         self.processes.append(process)
-        process.start()
+        process.start(wait_assigned=wait_assigned)
         return process
 
     def produce_records(self, records: list[dict[str, Any]]) -> None:
@@ -182,6 +182,8 @@ class BridgeProcess:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""  # not listening (yet)
 
     def _check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:

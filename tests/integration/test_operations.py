@@ -8,12 +8,14 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from bridge.devkafka import free_port
 from bridge.envelope import header_map
 from bridge.samples import make_record
 from tests.bridge_harness import REPO, BridgeSetup, webhook
-from tests.kafka_helpers import wait_for
-from tests.receiver import Answer, Receiver, always
+from tests.kafka_helpers import QUIET, committed_offsets, create_topics, wait_for
+from tests.receiver import Answer, Receiver, always, fail_first
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +143,53 @@ def test_invalid_config_reload_keeps_the_old_one(receiver: Receiver, bridge_setu
     )
     setup.produce_records([make_record("tx-after-bad-reload", "acct_1")])
     wait_for(lambda: receiver.received_ids("/hook"), 30, message="delivery under the old config")
+
+
+def test_broker_unreachable_at_start_keeps_readiness_false(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))])
+    closed_port = free_port()
+    setup.kafka = {"bootstrap_servers": f"127.0.0.1:{closed_port}"}
+    setup.write_config()
+    bridge = setup.start_bridge(wait_assigned=False)
+
+    wait_for(lambda: bridge.http("/healthz")[0] == 200, 30, message="the health endpoint")
+    status, body = bridge.http("/readyz")
+    assert status == 503
+    assert json.loads(body)["checks"]["broker_reachable"] is False
+    wait_for(
+        lambda: any("kafka.error" in line for line in bridge.log_lines()),
+        30,
+        message="a log line about the unreachable broker",
+    )
+    assert bridge.terminate() == 0
+
+
+def test_failed_write_to_a_delay_topic_keeps_the_source_offset(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/down"] = fail_first(1)
+    setup = bridge_setup([webhook("down", "acct_1", receiver.url("/down"))], partitions=1)
+    admin = AdminClient({"bootstrap.servers": setup.bootstrap, **QUIET})
+    for future in admin.delete_topics([setup.delay_topic(1)], operation_timeout=30).values():
+        future.result(30)
+    setup.start_bridge()
+    setup.produce_records([make_record("tx-kept", "acct_1")])
+    wait_for(lambda: len(receiver.on("/down")) == 1, 30, message="the first attempt")
+
+    deadline_check = committed_offsets(setup.bootstrap, setup.group, setup.source)
+    wait_for(
+        lambda: setup.processes[0].gauge("bridge_produce_failures_total") >= 1,
+        60,
+        message="the failed write to the missing delay topic",
+    )
+    assert committed_offsets(setup.bootstrap, setup.group, setup.source) == deadline_check
+    assert deadline_check[0] < 1, "the record is not committed while its retry is not durable"
+
+    create_topics(setup.bootstrap, [setup.delay_topic(1)], partitions=1)
+    wait_for(
+        lambda: committed_offsets(setup.bootstrap, setup.group, setup.source) == [1],
+        30,
+        message="the offset committed once the retry is written",
+    )
