@@ -53,7 +53,6 @@ IDLE_POLL_S = 0.05
 REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
-MAX_DEFERRALS = 4  # then a stalled webhook's delivery climbs the ladder like a failed attempt
 REVOKE_DRAIN_S = 10.0
 
 
@@ -192,6 +191,7 @@ class Pipeline:
             lane = self.lanes.get(webhook.id)
             if lane is not None:
                 lane.limit = webhook.concurrency
+                lane.patience = max(self.stall_patience, webhook.timeout_seconds / 2)
         self._register_webhooks()
 
     def _register_webhooks(self) -> None:
@@ -375,7 +375,8 @@ class Pipeline:
     def _lane(self, webhook: Webhook) -> Lane:
         lane = self.lanes.get(webhook.id)
         if lane is None:
-            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, self.stall_patience)
+            patience = max(self.stall_patience, webhook.timeout_seconds / 2)
+            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, patience)
         return lane
 
     async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
@@ -411,11 +412,7 @@ class Pipeline:
         """One attempt, then its consequence: received, next rung, parked or dead letter."""
         lane = self._lane(webhook)
         if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
-            if delivery.deferrals < MAX_DEFERRALS:
-                await self._defer(delivery, webhook)
-                return
-            stalled = Outcome(None, "webhook_stalled", 0.0, "no slot: the webhook is not answering")
-            await self._not_received(delivery, webhook, stalled)
+            await self._defer(delivery, webhook)  # parked: no request made, no attempt spent
             return
         try:
             request = build_request(webhook, delivery.message_id, delivery.body, int(time.time()))
@@ -587,16 +584,20 @@ class Pipeline:
             self.backpressure = True
         elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
             self.backpressure = False
+        everything = self.backpressure or self.stopping
+        # Pause every held partition first, even one whose hold has just expired: records behind
+        # its head were skipped, and only a pause and a resume with a seek fetches them again.
+        wanted = set(self.trackers) if everything else set(self.holds)
+        to_pause = [tp for tp in wanted if tp not in self.paused and tp in self.trackers]
+        if to_pause:
+            await self.consumer.call(self.consumer.pause, to_pause)
+            self.paused.update(to_pause)
         monotonic = time.monotonic()
         for tp, until in list(self.holds.items()):
             if until <= monotonic:
                 del self.holds[tp]
-        wanted = set(self.trackers) if (self.backpressure or self.stopping) else set(self.holds)
-        to_pause = [tp for tp in wanted if tp not in self.paused and tp in self.trackers]
+        wanted = set(self.trackers) if everything else set(self.holds)
         to_resume = [tp for tp in self.paused if tp not in wanted]
-        if to_pause:
-            await self.consumer.call(self.consumer.pause, to_pause)
-            self.paused.update(to_pause)
         if to_resume:
             positions = [(tp, self.next_offset.get(tp)) for tp in to_resume]
             await self.consumer.call(self.consumer.resume_at, positions)
