@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -23,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-from bridge.devkafka import CACHE, REPO_ROOT, BrokerError, check_prerequisites, free_port
+from bridge.devkafka import (
+    CACHE,
+    REPO_ROOT,
+    BrokerError,
+    check_prerequisites,
+    free_port,
+    stop_process,
+)
 
 POM = REPO_ROOT / "deploy" / "registry" / "pom.xml"
 CCOMPAT_PATH = "/apis/ccompat/v7"
@@ -178,14 +184,8 @@ class Registry:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the registry cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
         process, self._process, self.base_url = self._process, None, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
+        if process is not None:
+            stop_process(process, timeout)
 
 
 def _wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
