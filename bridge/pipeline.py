@@ -191,7 +191,7 @@ class Pipeline:
             lane = self.lanes.get(webhook.id)
             if lane is not None:
                 lane.limit = webhook.concurrency
-                lane.patience = max(self.stall_patience, webhook.timeout_seconds / 2)
+                lane.patience = self._patience(webhook)
         self._register_webhooks()
 
     def _register_webhooks(self) -> None:
@@ -206,7 +206,7 @@ class Pipeline:
         return [self.source_topic, *self.policy.delay_topics]
 
     async def run(self) -> None:
-        """Consume and dispatch until :meth:`stop` is called."""
+        """Consume and dispatch until ``stopping`` is set (then :meth:`drain` finishes the work)."""
         self._loop = asyncio.get_running_loop()
         self._register_webhooks()
         consumer = self.consumer.consumer
@@ -349,19 +349,16 @@ class Pipeline:
         tracker.started(msg.offset())
         work = RecordWork(tp, msg.offset(), 1)
         webhook = self.subscriptions.get(delivery.webhook_id)
-        reason = None
+        if webhook is not None and webhook.enabled and delivery.event in webhook.events:
+            self._spawn(tp, self._deliver(delivery, webhook, work))
+            return True
         if webhook is None:
             reason = "webhook_removed"
         elif not webhook.enabled:
             reason = "webhook_disabled"
-        elif delivery.event not in webhook.events:
-            reason = "event_unsubscribed"
-        if webhook is None or reason is not None:
-            self._spawn(
-                tp, self._settled(work, self._dead_letter(delivery, reason or "webhook_removed"))
-            )
         else:
-            self._spawn(tp, self._deliver(delivery, webhook, work))
+            reason = "event_unsubscribed"
+        self._spawn(tp, self._settled(work, self._dead_letter(delivery, reason)))
         return True
 
     # ---- deliveries --------------------------------------------------------------------------
@@ -375,9 +372,14 @@ class Pipeline:
     def _lane(self, webhook: Webhook) -> Lane:
         lane = self.lanes.get(webhook.id)
         if lane is None:
-            patience = max(self.stall_patience, webhook.timeout_seconds / 2)
-            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, patience)
+            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, self._patience(webhook))
         return lane
+
+    def _patience(self, webhook: Webhook) -> float:
+        """How long a full lane may go without an answer before it counts as stalled: half the
+        webhook's timeout (a slow but healthy webhook answers well within it), at least the
+        first rung's delay."""
+        return max(self.stall_patience, webhook.timeout_seconds / 2)
 
     async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
         """Run one delivery; its record counts as finished only if the delivery settled.
