@@ -1,22 +1,20 @@
 """Outbound safety: which IP addresses a delivery may connect to.
 
-:class:`DestinationPolicy` is the pure decision. :class:`SafeResolver` applies it inside aiohttp to
-the addresses a host name resolves to, which are the addresses actually connected to, so a DNS
-answer cannot smuggle a private address in (no rebinding bypass). aiohttp does not resolve literal
-IP hosts, so URLs are checked with :meth:`DestinationPolicy.check_url_host` before sending. Proxies
-from the environment would bypass the resolver: sessions must keep ``trust_env=False``.
+:class:`DestinationPolicy` is the pure decision. :class:`SafeResolver` applies it to the addresses
+a host name resolves to, which are the addresses the delivery client connects to, so a DNS answer
+cannot smuggle a private address in (no rebinding bypass). The configuration check uses
+:meth:`DestinationPolicy.url_refusal` on literal addresses at load time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, TypeAlias
 from urllib.parse import urlsplit
-
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
 from bridge.errors import DestinationRefusedError
 
@@ -109,41 +107,64 @@ class DestinationPolicy:
             return None
         return self.refusal(host)
 
-    def check_url_host(self, url: str) -> None:
-        """Raise DestinationRefusedError when the URL's host is a literal IP address refused."""
-        refusal = self.url_refusal(url)
-        if refusal is not None:
-            raise DestinationRefusedError("destination_refused", refusal)
+
+Lookup: TypeAlias = Callable[[str, int], Awaitable[list[str]]]
+"""Resolves a host name and port to IP addresses (the system resolver by default)."""
 
 
-class SafeResolver(AbstractResolver):
-    """An aiohttp resolver that drops the addresses the policy refuses.
+async def system_lookup(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to for a TCP connection, in the resolver's order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
-    When none remain it raises DestinationRefusedError, which aiohttp lets through unchanged out of
-    the request. Create it inside the running event loop (as aiohttp's own resolvers).
+
+class SafeResolver:
+    """Resolves a destination host to the addresses the policy allows, which are the only ones
+    connected to, so a DNS answer cannot smuggle a private address in (no rebinding bypass).
+
+    A literal IP host is checked as it is. Answers, refusals included, are cached for ``ttl``
+    seconds. When no address remains it raises DestinationRefusedError naming every refusal.
     """
 
-    def __init__(self, policy: DestinationPolicy, resolver: AbstractResolver | None = None):
+    def __init__(
+        self, policy: DestinationPolicy, lookup: Lookup = system_lookup, ttl: float = 10.0
+    ) -> None:
         self._policy = policy
-        self._resolver = resolver if resolver is not None else DefaultResolver()
+        self._lookup = lookup
+        self._ttl = ttl
+        self._cache: dict[tuple[str, int], tuple[float, list[str] | DestinationRefusedError]] = {}
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        """Resolve ``host`` and keep only the addresses the policy allows."""
-        allowed: list[ResolveResult] = []
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """The addresses of ``host`` the policy allows, or DestinationRefusedError."""
+        now = time.monotonic()
+        cached = self._cache.get((host, port))
+        if cached is None or cached[0] <= now:
+            cached = (now + self._ttl, await self._allowed(host, port))
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[(host, port)] = cached
+        answer = cached[1]
+        if isinstance(answer, DestinationRefusedError):
+            raise answer
+        return answer
+
+    async def _allowed(self, host: str, port: int) -> list[str] | DestinationRefusedError:
+        try:
+            ipaddress.ip_address(host)
+            addresses = [host]
+        except ValueError:
+            addresses = await self._lookup(host, port)
+        allowed: list[str] = []
         refusals: dict[str, None] = {}
-        for result in await self._resolver.resolve(host, port, family):
-            refusal = self._policy.refusal(result["host"])
+        for address in addresses:
+            refusal = self._policy.refusal(address)
             if refusal is None:
-                allowed.append(result)
+                allowed.append(address)
             else:
                 refusals[refusal] = None
-        if not allowed:
-            detail = f"{host} resolves only to refused addresses: {'; '.join(refusals)}"
-            raise DestinationRefusedError("destination_refused", detail)
-        return allowed
-
-    async def close(self) -> None:
-        """Close the wrapped resolver."""
-        await self._resolver.close()
+        if allowed:
+            return allowed
+        if addresses == [host]:
+            return DestinationRefusedError("destination_refused", "; ".join(refusals))
+        detail = f"{host} resolves only to refused addresses: {'; '.join(refusals)}"
+        return DestinationRefusedError("destination_refused", detail)

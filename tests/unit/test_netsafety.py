@@ -1,18 +1,16 @@
-"""Outbound safety: the address policy, and the resolver inside a real aiohttp client."""
+"""Outbound safety: the address policy, and the resolver inside the real delivery client."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from bridge.errors import DestinationRefusedError
+from bridge.httpclient import HttpClient, HttpError
 from bridge.netsafety import DestinationPolicy, SafeResolver
 
 REFUSED = [
@@ -91,48 +89,45 @@ def test_url_hosts_are_checked_only_when_they_are_literal_addresses() -> None:
     )
     assert policy.url_refusal("https://localhost/") is None  # names are checked at resolution
     assert policy.url_refusal("https://93.184.216.34/") is None
-    with pytest.raises(DestinationRefusedError, match="loopback"):
-        policy.check_url_host("http://[::1]/hook")
-    policy.check_url_host("https://shop.example.com/hook")
 
 
-class FixedResolver(AbstractResolver):
+def fixed_lookup(*addresses: str) -> Callable[[str, int], Awaitable[list[str]]]:
     """Answers every name with fixed addresses, as a DNS server under someone else's control."""
+    calls: list[str] = []
 
-    def __init__(self, *addresses: str) -> None:
-        self.addresses = addresses
+    async def lookup(host: str, port: int) -> list[str]:
+        calls.append(host)
+        return list(addresses)
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        return [
-            ResolveResult(
-                hostname=host,
-                host=address,
-                port=port,
-                family=socket.AF_INET6 if ":" in address else socket.AF_INET,
-                proto=0,
-                flags=socket.AI_NUMERICHOST,
-            )
-            for address in self.addresses
-        ]
-
-    async def close(self) -> None:
-        pass
+    lookup.calls = calls  # type: ignore[attr-defined]
+    return lookup
 
 
 def test_resolver_drops_refused_addresses() -> None:
     async def scenario() -> None:
-        resolver = SafeResolver(DestinationPolicy(), FixedResolver("10.0.0.7", "93.184.216.34"))
-        results = await resolver.resolve("rebind.example", 443)
-        assert [result["host"] for result in results] == ["93.184.216.34"]
-        only_private = SafeResolver(DestinationPolicy(), FixedResolver("10.0.0.7", "127.0.0.1"))
+        lookup = fixed_lookup("10.0.0.7", "93.184.216.34")
+        resolver = SafeResolver(DestinationPolicy(), lookup)
+        assert await resolver.resolve("rebind.example", 443) == ["93.184.216.34"]
+        only_private = SafeResolver(DestinationPolicy(), fixed_lookup("10.0.0.7", "127.0.0.1"))
         with pytest.raises(DestinationRefusedError) as caught:
             await only_private.resolve("rebind.example", 443)
         assert caught.value.detail == (
             "rebind.example resolves only to refused addresses: "
             "10.0.0.7 is a private address; 127.0.0.1 is a loopback address"
         )
+
+    asyncio.run(scenario())
+
+
+def test_resolver_checks_literal_addresses_without_a_lookup_and_caches_answers() -> None:
+    async def scenario() -> None:
+        lookup = fixed_lookup("93.184.216.34")
+        resolver = SafeResolver(DestinationPolicy(), lookup, ttl=60)
+        with pytest.raises(DestinationRefusedError, match=r"^destination_refused: 127\.0\.0\.1 is"):
+            await resolver.resolve("127.0.0.1", 80)
+        assert await resolver.resolve("shop.example", 443) == ["93.184.216.34"]
+        assert await resolver.resolve("shop.example", 443) == ["93.184.216.34"]
+        assert lookup.calls == ["shop.example"]  # type: ignore[attr-defined]
 
     asyncio.run(scenario())
 
@@ -156,19 +151,19 @@ async def with_server(test: Callable[[int], Awaitable[None]]) -> None:
 
 
 async def post(url: str, policy: DestinationPolicy) -> int:
-    """POST through a client whose connector resolves with SafeResolver."""
-    connector = aiohttp.TCPConnector(resolver=SafeResolver(policy))
-    async with (
-        aiohttp.ClientSession(connector=connector) as session,
-        session.post(url, data=b"{}") as response,
-    ):
-        return response.status
+    """POST through the delivery client, which connects only where SafeResolver allows."""
+    client = HttpClient(SafeResolver(policy))
+    try:
+        return await client.post(url, {"Content-Type": "application/json"}, b"{}", 5.0)
+    finally:
+        await client.close()
 
 
 def test_localhost_is_refused_by_resolution_in_a_real_client() -> None:
     async def scenario(port: int) -> None:
-        with pytest.raises(DestinationRefusedError) as caught:
+        with pytest.raises(HttpError) as caught:
             await post(f"http://localhost:{port}/hook", DestinationPolicy())
+        assert caught.value.kind == "destination_refused"
         assert caught.value.detail.startswith("localhost resolves only to refused addresses: ")
         assert "127.0.0.1 is a loopback address" in caught.value.detail
 
@@ -184,12 +179,11 @@ def test_localhost_is_reached_when_private_networks_are_allowed() -> None:
     asyncio.run(with_server(scenario))
 
 
-def test_literal_addresses_skip_the_resolver_so_urls_are_checked_first() -> None:
+def test_literal_addresses_are_checked_by_the_policy_too() -> None:
     async def scenario(port: int) -> None:
         url = f"http://127.0.0.1:{port}/hook"
-        # aiohttp does not resolve a literal address: only the URL check stops it.
-        assert await post(url, DestinationPolicy()) == 204
-        with pytest.raises(DestinationRefusedError, match=r"127\.0\.0\.1 is a loopback address"):
-            DestinationPolicy().check_url_host(url)
+        assert await post(url, DestinationPolicy(True)) == 204
+        with pytest.raises(HttpError, match=r"127\.0\.0\.1 is a loopback address"):
+            await post(url, DestinationPolicy())
 
     asyncio.run(with_server(scenario))

@@ -1,0 +1,311 @@
+"""The delivery client: the request on the wire, and real exchanges with servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import trustme
+
+from bridge.httpclient import HttpClient, HttpError, Target, render_request
+from bridge.netsafety import DestinationPolicy, SafeResolver
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
+HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}
+
+
+def test_request_is_rendered_byte_for_byte() -> None:
+    target = Target.parse("https://hooks.example.com/in/bound?x=1&y=a b")
+    assert (target.scheme, target.host, target.port) == ("https", "hooks.example.com", 443)
+    assert render_request(target, HEADERS, b'{"a":1}') == (
+        b"POST /in/bound?x=1&y=a%20b HTTP/1.1\r\nHost: hooks.example.com\r\nAccept: */*\r\n"
+        b"Content-Type: application/json\r\nwebhook-id: msg_1\r\n"
+        b'Content-Length: 7\r\n\r\n{"a":1}'
+    )
+
+
+def test_targets_name_port_ipv6_and_international_hosts() -> None:
+    assert Target.parse("http://h.example:8080").head.startswith(
+        b"POST / HTTP/1.1\r\nHost: h.example:8080\r\n"
+    )
+    v6 = Target.parse("http://[::1]:9000/x")
+    assert (v6.host, v6.port) == ("::1", 9000)
+    assert b"Host: [::1]:9000\r\n" in v6.head
+    idn = Target.parse("https://bücher.example/ü")
+    assert idn.host == "xn--bcher-kva.example"
+    assert idn.head.startswith(b"POST /%C3%BC HTTP/1.1\r\nHost: xn--bcher-kva.example\r\n")
+    with pytest.raises(HttpError, match="invalid_request"):
+        Target.parse("ftp://h.example/")
+
+
+@pytest.mark.parametrize("value", ["a\r\nInjected: 1", "a\nb", "a\rb"])
+def test_header_values_cannot_inject_lines(value: str) -> None:
+    with pytest.raises(HttpError) as caught:
+        render_request(Target.parse("http://h.example/"), {"x": value}, b"")
+    assert caught.value.kind == "invalid_request"
+
+
+@dataclass
+class Server:
+    """A scripted HTTP server on loopback: ``handler`` answers each connection as it likes."""
+
+    handler: Handler
+    tls: ssl.SSLContext | None = None
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    port: int = 0
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        request = head + await reader.readexactly(length)
+        self.requests.append(request)
+        return request
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, self)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def serve(server: Server, test: Callable[[str], Awaitable[None]]) -> None:
+    listener = await asyncio.start_server(server._client, "127.0.0.1", 0, ssl=server.tls)
+    server.port = listener.sockets[0].getsockname()[1]
+    scheme = "https" if server.tls else "http"
+    try:
+        await test(f"{scheme}://localhost:{server.port}/hook")
+    finally:
+        listener.close()
+
+
+def client(**options: object) -> HttpClient:
+    return HttpClient(SafeResolver(DestinationPolicy(allow_private=True)), **options)  # type: ignore[arg-type]
+
+
+def run(handler: Handler, test: Callable[[HttpClient, str, Server], Awaitable[None]]) -> Server:
+    server = Server(handler)
+
+    async def scenario() -> None:
+        http = client(body_limit=1024, header_limit=4096)
+
+        async def with_url(url: str) -> None:
+            try:
+                await test(http, url, server)
+            finally:
+                await http.close()
+
+        await serve(server, with_url)
+
+    asyncio.run(scenario())
+    return server
+
+
+async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    while True:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+
+def test_connections_are_kept_alive_and_reused() -> None:
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        for _ in range(5):
+            assert await http.post(url, HEADERS, b"{}", 5) == 200
+        assert len(await asyncio.gather(*(http.post(url, HEADERS, b"{}", 5) for _ in range(3))))
+
+    server = run(keep_alive, test)
+    assert len(server.requests) == 8
+    assert server.connections == 3  # one for the sequence, up to three side by side
+    assert server.requests[0].startswith(b"POST /hook HTTP/1.1\r\nHost: localhost:")
+
+
+def test_chunked_bodies_interim_answers_and_redirects() -> None:
+    answers = iter(
+        [
+            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 302 Found\r\nLocation: http://169.254.169.254/\r\nContent-Length: 0\r\n\r\n",
+        ]
+    )
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        while True:
+            await s.read_request(reader)
+            writer.write(next(answers))
+            await writer.drain()
+
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        assert [await http.post(url, HEADERS, b"{}", 5) for _ in range(3)] == [201, 204, 302]
+
+    server = run(handler, test)
+    assert server.connections == 1
+
+
+def test_a_long_body_is_cut_at_the_limit_and_the_status_stands() -> None:
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        while True:
+            await s.read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n")
+            for _ in range(100):
+                writer.write(b"x" * 100_000)
+                await writer.drain()
+
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        assert await http.post(url, HEADERS, b"{}", 5) == 200
+        assert await http.post(url, HEADERS, b"{}", 5) == 200
+
+    server = run(handler, test)
+    assert server.connections == 2  # the first connection was dropped, not drained
+
+
+def test_no_answer_is_a_timeout_at_the_deadline() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(reader)
+        await reader.read()  # until the client gives up
+
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        started = time.monotonic()
+        with pytest.raises(HttpError) as caught:
+            await http.post(url, HEADERS, b"{}", 0.3)
+        assert caught.value.kind == "timeout"
+        assert caught.value.detail == "no answer in 0.3s"
+        assert 0.29 <= time.monotonic() - started < 2
+
+    run(silent, test)
+
+
+def test_a_connection_closed_by_the_server_after_an_answer_is_not_reused() -> None:
+    async def one_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")  # keep-alive promised...
+        await writer.drain()
+        # ...but the connection closes after one answer, as an idle timeout on the server would.
+
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        for _ in range(3):
+            assert await http.post(url, HEADERS, b"{}", 5) == 200
+            await wait_for(lambda: all(c.closed for c in http._open))  # the close arrived
+
+    server = run(one_per_connection, test)
+    assert server.connections == 3
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        (b"SSH-2.0-OpenSSH_9.6\r\n", "malformed HTTP response"),
+        (b"HTTP/1.1 200 OK\r\nX-Filler: " + b"a" * 8192 + b"\r\n\r\n", "response head larger"),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+            "the server switched",
+        ),
+        (b"", "connection closed before a response"),
+    ],
+)
+def test_answers_that_are_not_http_are_invalid_responses(answer: bytes, detail: str) -> None:
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        if answer:
+            await reader.read()
+
+    async def test(http: HttpClient, url: str, server: Server) -> None:
+        with pytest.raises(HttpError) as caught:
+            await http.post(url, HEADERS, b"{}", 5)
+        assert caught.value.kind == ("connection_error" if not answer else "invalid_response")
+        assert caught.value.detail.startswith(detail)
+
+    run(handler, test)
+
+
+def test_refused_connections_are_connection_errors() -> None:
+    async def scenario() -> None:
+        listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        listener.close()
+        await listener.wait_closed()
+        http = client()
+        with pytest.raises(HttpError) as caught:
+            await http.post(f"http://127.0.0.1:{port}/", HEADERS, b"{}", 5)
+        await http.close()
+        assert caught.value.kind == "connection_error"
+        assert "127.0.0.1: " in caught.value.detail
+
+    asyncio.run(scenario())
+
+
+def test_tls_is_verified_against_the_host_name() -> None:
+    authority = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(server_context)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    server = Server(keep_alive, tls=server_context)
+
+    async def scenario() -> None:
+        async def test(url: str) -> None:
+            trusted = client(ssl_context=trusting)
+            assert await trusted.post(url, HEADERS, b"{}", 5) == 200
+            await trusted.close()
+            untrusted = client()  # the system's roots do not know this authority
+            with pytest.raises(HttpError) as caught:
+                await untrusted.post(url, HEADERS, b"{}", 5)
+            await untrusted.close()
+            assert caught.value.kind == "tls_error"
+            assert "certificate verify failed" in caught.value.detail
+            wrong_name = client(ssl_context=trusting)
+            with pytest.raises(HttpError) as caught:
+                await wrong_name.post(url.replace("localhost", "127.0.0.1"), HEADERS, b"{}", 5)
+            await wrong_name.close()
+            assert caught.value.kind == "tls_error"
+
+        await serve(server, test)
+
+    asyncio.run(scenario())
+    assert len(server.requests) == 1
+
+
+def test_a_connection_idle_longer_than_the_idle_timeout_is_not_reused() -> None:
+    server = Server(keep_alive)
+
+    async def scenario() -> None:
+        async def test(url: str) -> None:
+            http = client(idle_timeout=0.2)
+            assert await http.post(url, HEADERS, b"{}", 5) == 200
+            assert await http.post(url, HEADERS, b"{}", 5) == 200  # reused at once
+            await asyncio.sleep(0.3)  # the condition under test: more idle time than allowed
+            assert await http.post(url, HEADERS, b"{}", 5) == 200
+            await http.close()
+
+        await serve(server, test)
+
+    asyncio.run(scenario())
+    assert server.connections == 2
