@@ -7,9 +7,12 @@ not received goes to the next rung's delay topic, or after the last rung to the 
 A record is finished when each of its deliveries was received or durably handed to a bridge topic;
 only then can its offset (as the end of a contiguous prefix of finished records) be committed.
 
-Flow control never uses an unbounded queue: at the in-flight limit every partition is paused;
-a delay-topic partition whose head is not yet due is paused alone until it is due. Records fetched
-for a paused partition are dropped and fetched again after a seek to the first unprocessed offset.
+Flow control never uses an unbounded queue: at the in-flight limit no more records are taken
+from the consumer, whose prefetch is bounded, until a quarter of the limit is free again (nothing
+is paused, so nothing is fetched twice: pausing and resuming a partition costs a fresh fetch of up
+to a second, which starved the deliveries). A delay-topic partition whose head is not yet due is
+paused alone until it is due; records fetched for it are dropped and fetched again after a seek to
+the first unprocessed offset. At shutdown every partition is paused.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ IDLE_POLL_S = 0.05
 REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
+BACKPRESSURE_WAIT_S = 0.25
 REVOKE_DRAIN_S = 10.0
 
 
@@ -174,6 +178,7 @@ class Pipeline:
         self.tasks: dict[TP, set[asyncio.Task[None]]] = {}
         self.in_flight = 0
         self.backpressure = False
+        self._room_freed: asyncio.Event | None = None
         self.stopping = False
         self.handing_off = False
         self.last_message = float("-inf")  # monotonic time of the last record fetched
@@ -218,12 +223,42 @@ class Pipeline:
         )
         while not self.stopping:
             self.last_loop = time.monotonic()
+            room = self._room()
+            if room == 0:
+                await self._wait_for_room()
+                room = self._room()
+            # Even at the limit a turn polls (for one record), so rebalances and the group's
+            # liveness are served; at most four such turns a second.
             messages = await self.consumer.call(
-                self.consumer.fetch, FETCH_BATCH, self._poll_timeout(), self._offsets_to_store()
+                self.consumer.fetch,
+                min(FETCH_BATCH, max(1, room)),
+                self._poll_timeout(),
+                self._offsets_to_store(),
             )
             if messages:
                 await self._handle(messages)
             await self._flow_control()
+
+    def _room(self) -> int:
+        """How many records the next turn may take: none from the in-flight limit until enough
+        deliveries finished (a quarter of the limit), so turns do not crawl one record at a time."""
+        if self.in_flight >= self.max_in_flight:
+            self.backpressure = True
+        elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
+            self.backpressure = False
+        return 0 if self.backpressure else self.max_in_flight - self.in_flight
+
+    async def _wait_for_room(self) -> None:
+        """Wait for finished deliveries to make room, at most one polling interval: offsets are
+        stored and holds expire meanwhile. Records are not taken, so nothing is paused or
+        fetched again: they wait in the consumer's bounded prefetch."""
+        self._room_freed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._room_freed.wait(), BACKPRESSURE_WAIT_S)
+        except TimeoutError:
+            pass
+        finally:
+            self._room_freed = None
 
     def _poll_timeout(self) -> float:
         if not self.holds:
@@ -408,6 +443,9 @@ class Pipeline:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
+            freed = self._room_freed
+            if freed is not None and self.in_flight <= self.max_in_flight * RESUME_FRACTION:
+                freed.set()
         self._work_done(work)
 
     async def _attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
@@ -582,11 +620,7 @@ class Pipeline:
     # ---- flow control ------------------------------------------------------------------------
 
     async def _flow_control(self) -> None:
-        if self.in_flight >= self.max_in_flight:
-            self.backpressure = True
-        elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
-            self.backpressure = False
-        everything = self.backpressure or self.stopping
+        everything = self.stopping
         # Pause every held partition first, even one whose hold has just expired: records behind
         # its head were skipped, and only a pause and a resume with a seek fetches them again.
         wanted = set(self.trackers) if everything else set(self.holds)
