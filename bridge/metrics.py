@@ -198,6 +198,8 @@ class Metrics:
                 if isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
                     registry.unregister(metric)
                     setattr(self, name, _Unrecorded())
+        self.consumed_source = self.records_consumed.labels("source")  # the hot path's children
+        self.consumed_retry = self.records_consumed.labels("retry")
 
     def delivery_received(
         self, webhook: str, status: int, duration: float, end_to_end: float

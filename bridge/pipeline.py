@@ -71,10 +71,11 @@ class Lane:
     Deliveries wait in FIFO order for a slot while the webhook keeps answering. When it has
     answered nothing for ``patience`` seconds with every slot taken (an endpoint that hangs until
     the timeout), the lane is stalled: waiters give up and new deliveries do not wait, so a stalled
-    webhook cannot hold the process-wide in-flight budget that healthy webhooks need.
+    webhook cannot hold the process-wide in-flight budget that healthy webhooks need. One timer
+    per lane watches for that, however many deliveries wait.
     """
 
-    __slots__ = ("active", "last_release", "limit", "patience", "timers", "waiters")
+    __slots__ = ("active", "last_release", "limit", "patience", "waiters", "watch")
 
     def __init__(self, limit: int, patience: float) -> None:
         self.limit = limit
@@ -82,7 +83,7 @@ class Lane:
         self.active = 0
         self.last_release = time.monotonic()
         self.waiters: deque[asyncio.Future[bool]] = deque()
-        self.timers: dict[asyncio.Future[bool], asyncio.TimerHandle] = {}
+        self.watch: asyncio.TimerHandle | None = None
 
     def try_acquire(self) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
@@ -102,27 +103,31 @@ class Lane:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append(waiter)
-        self.timers[waiter] = loop.call_later(self.patience, self._check, waiter)
+        if self.watch is None:
+            self.watch = loop.call_at(self._stall_at(loop), self._check)
         try:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.release()  # the slot was handed over just as we were cancelled
             raise
-        finally:
-            timer = self.timers.pop(waiter, None)
-            if timer is not None:
-                timer.cancel()
 
-    def _check(self, waiter: asyncio.Future[bool]) -> None:
-        if waiter.done():
+    def _stall_at(self, loop: asyncio.AbstractEventLoop) -> float:
+        """The loop time at which the lane counts as stalled unless a slot is released."""
+        return loop.time() + max(0.0, self.last_release + self.patience - time.monotonic())
+
+    def _check(self) -> None:
+        self.watch = None
+        if not self.waiters:
             return
-        idle = time.monotonic() - self.last_release
-        if idle >= self.patience:
-            waiter.set_result(False)
-        else:
-            loop = asyncio.get_running_loop()
-            self.timers[waiter] = loop.call_later(self.patience - idle, self._check, waiter)
+        if time.monotonic() - self.last_release >= self.patience:
+            while self.waiters:
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(False)
+            return
+        loop = asyncio.get_running_loop()
+        self.watch = loop.call_at(self._stall_at(loop), self._check)
 
     def release(self) -> None:
         """Give the slot to the first live waiter, or free it."""
@@ -332,14 +337,14 @@ class Pipeline:
             )
             return False
         except RecordError as exc:
-            self.metrics.records_consumed.labels("source").inc()
+            self.metrics.consumed_source.inc()
             self.metrics.record_failures.labels(exc.reason).inc()
             tracker.started(source.offset)
             work = RecordWork(tp, source.offset, 1)
             self._spawn(tp, self._settled(work, self._dead_letter_poison(msg, source, exc)))
             return True
         self._registry_failures.pop(tp, None)
-        self.metrics.records_consumed.labels("source").inc()
+        self.metrics.consumed_source.inc()
         tracker.started(source.offset)
         webhooks = self.subscriptions.match(notification.account_holder_id, notification.event)
         if not webhooks:
@@ -379,7 +384,7 @@ class Pipeline:
         if delivery.due_ms > wall_ms:
             self.holds[tp] = time.monotonic() + (delivery.due_ms - wall_ms) / 1000
             return False
-        self.metrics.records_consumed.labels("retry").inc()
+        self.metrics.consumed_retry.inc()
         self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
         tracker.started(msg.offset())
         work = RecordWork(tp, msg.offset(), 1)
