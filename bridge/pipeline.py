@@ -69,34 +69,40 @@ class Lane:
     """A per-webhook concurrency limit that tells a busy webhook from a stalled one.
 
     Deliveries wait in FIFO order for a slot while the webhook keeps answering. When it has
-    answered nothing for ``patience`` seconds with every slot taken (an endpoint that hangs until
-    the timeout), the lane is stalled: waiters give up and new deliveries do not wait, so a stalled
-    webhook cannot hold the process-wide in-flight budget that healthy webhooks need. One timer
-    per lane watches for that, however many deliveries wait.
+    answered nothing (no HTTP status at all: a timeout frees a slot without being an answer) for
+    ``patience`` seconds with every slot taken, the lane is stalled: waiters give up and new
+    deliveries do not wait, so a stalled webhook cannot hold the process-wide in-flight budget
+    that healthy webhooks need. It stays stalled until it answers again: meanwhile a delivery
+    only starts when a slot is free (a probe, one per slot and per timeout) and never waits. One
+    timer per lane watches for a stall, however many deliveries wait.
     """
 
-    __slots__ = ("active", "last_release", "limit", "patience", "waiters", "watch")
+    __slots__ = ("active", "is_stalled", "last_answer", "limit", "patience", "waiters", "watch")
 
     def __init__(self, limit: int, patience: float) -> None:
         self.limit = limit
         self.patience = patience
         self.active = 0
-        self.last_release = time.monotonic()
+        self.is_stalled = False
+        self.last_answer = time.monotonic()
         self.waiters: deque[asyncio.Future[bool]] = deque()
         self.watch: asyncio.TimerHandle | None = None
 
     def try_acquire(self) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
         if self.active < self.limit and not self.waiters:
-            if self.active == 0:
-                self.last_release = time.monotonic()  # an idle lane is not a stalled one
+            if self.active == 0 and not self.is_stalled:
+                self.last_answer = time.monotonic()  # an idle lane is not a stalled one
             self.active += 1
             return True
         return False
 
     def stalled(self) -> bool:
-        """Every slot is taken and none was released for ``patience`` seconds."""
-        return self.active >= self.limit and time.monotonic() - self.last_release >= self.patience
+        """Stalled before, and not answered since; or every slot taken and no answer for
+        ``patience`` seconds."""
+        if not self.is_stalled and self.active >= self.limit:
+            self.is_stalled = time.monotonic() - self.last_answer >= self.patience
+        return self.is_stalled
 
     async def acquire(self) -> bool:
         """Wait for a slot while the webhook keeps answering; False once it is stalled."""
@@ -109,18 +115,19 @@ class Lane:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
-                self.release()  # the slot was handed over just as we were cancelled
+                self.release(answered=False)  # the slot was handed over as we were cancelled
             raise
 
     def _stall_at(self, loop: asyncio.AbstractEventLoop) -> float:
-        """The loop time at which the lane counts as stalled unless a slot is released."""
-        return loop.time() + max(0.0, self.last_release + self.patience - time.monotonic())
+        """The loop time at which the lane counts as stalled unless the webhook answers."""
+        return loop.time() + max(0.0, self.last_answer + self.patience - time.monotonic())
 
     def _check(self) -> None:
         self.watch = None
         if not self.waiters:
             return
-        if time.monotonic() - self.last_release >= self.patience:
+        if time.monotonic() - self.last_answer >= self.patience:
+            self.is_stalled = True
             while self.waiters:
                 waiter = self.waiters.popleft()
                 if not waiter.done():
@@ -129,9 +136,11 @@ class Lane:
         loop = asyncio.get_running_loop()
         self.watch = loop.call_at(self._stall_at(loop), self._check)
 
-    def release(self) -> None:
-        """Give the slot to the first live waiter, or free it."""
-        self.last_release = time.monotonic()
+    def release(self, answered: bool) -> None:
+        """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came."""
+        if answered:
+            self.last_answer = time.monotonic()
+            self.is_stalled = False
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
@@ -459,11 +468,13 @@ class Pipeline:
         if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
             await self._defer(delivery, webhook)  # parked: no request made, no attempt spent
             return
+        answered = False
         try:
             request = build_request(webhook, delivery.message_id, delivery.body, int(time.time()))
             outcome = await self.sender.send(request, webhook.timeout_seconds)
+            answered = outcome.status is not None
         finally:
-            lane.release()
+            lane.release(answered)
         if outcome.received:
             self._received(delivery, webhook, outcome)
         else:

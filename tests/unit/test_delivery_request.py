@@ -63,9 +63,9 @@ def test_a_moving_lane_keeps_waiters_past_its_patience() -> None:
         first = asyncio.ensure_future(lane.acquire())
         second = asyncio.ensure_future(lane.acquire())
         await asyncio.sleep(0.03)
-        lane.release()  # -> first
+        lane.release(answered=True)  # -> first
         await asyncio.sleep(0.04)
-        lane.release()  # first answers -> second, 0.07 s after it began to wait
+        lane.release(answered=True)  # first answers -> second, 0.07 s after it began to wait
         results = await asyncio.gather(first, second)
         return results[0], results[1], time.monotonic() - started
 
@@ -80,10 +80,25 @@ def test_a_stalled_lane_turns_waiters_and_newcomers_away() -> None:
         lane.try_acquire()  # a request that never answers
         waited = await lane.acquire()
         stalled = lane.stalled()
-        lane.release()
+        lane.release(answered=True)
         return waited, stalled, lane.stalled()
 
     assert asyncio.run(scenario()) == (False, True, False)
+
+
+def test_a_stalled_lane_stays_stalled_until_the_webhook_answers() -> None:
+    async def scenario() -> list[object]:
+        lane = Lane(1, patience=0.05)
+        lane.try_acquire()  # a request that hangs until its timeout
+        seen: list[object] = [await lane.acquire(), lane.stalled()]
+        lane.release(answered=False)  # the timeout frees the slot: not an answer
+        seen += [lane.stalled(), lane.try_acquire()]  # still stalled; the free slot is a probe
+        seen.append(lane.stalled())  # the probe hangs too: newcomers are turned away at once
+        lane.release(answered=True)  # the probe got a status: the webhook answers again
+        seen += [lane.stalled(), lane.try_acquire()]
+        return seen
+
+    assert asyncio.run(scenario()) == [False, True, True, True, True, False, True]
 
 
 def test_cancelled_waiter_does_not_leak_a_slot() -> None:
@@ -94,7 +109,7 @@ def test_cancelled_waiter_does_not_leak_a_slot() -> None:
         await asyncio.sleep(0)
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
-        lane.release()
+        lane.release(answered=True)
         return lane.active
 
     assert asyncio.run(scenario()) == 0
