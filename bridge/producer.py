@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -34,6 +35,7 @@ class DurableProducer:
                 "compression.type": "lz4",
             }
         )
+        self._reports: deque[tuple[asyncio.Future[None], KafkaError | None]] = deque()
         self._running = True
         self._thread = threading.Thread(target=self._serve, name="kafka-producer", daemon=True)
         self._thread.start()
@@ -41,16 +43,25 @@ class DurableProducer:
     def _serve(self) -> None:
         while self._running:
             self._producer.poll(0.05)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Settle the delivery reports gathered by the last poll: one wake-up of the event loop
+        for all of them, not one each."""
+        reports = []
+        while self._reports:
+            reports.append(self._reports.popleft())
+        if reports:
+            reports[0][0].get_loop().call_soon_threadsafe(_settle_all, reports)
 
     async def send(
         self, topic: str, value: bytes | None, key: bytes | None, headers: Headers
     ) -> None:
         """Produce one record and wait until the broker acknowledges it (else ProduceError)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            loop.call_soon_threadsafe(_settle, future, err)
+            self._reports.append((future, err))  # on the polling (or flushing) thread
 
         while True:
             try:
@@ -73,13 +84,15 @@ class DurableProducer:
         left = self.flush(timeout)
         self._running = False
         self._thread.join()
+        self._hand_over()
         return left
 
 
-def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
-    if future.done():
-        return
-    if err is None:
-        future.set_result(None)
-    else:
-        future.set_exception(ProduceError(str(err)))
+def _settle_all(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
+    for future, err in reports:
+        if future.done():
+            continue
+        if err is None:
+            future.set_result(None)
+        else:
+            future.set_exception(ProduceError(str(err)))
