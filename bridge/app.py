@@ -4,6 +4,7 @@ port, watch the configuration file, and shut down cleanly on SIGTERM or SIGINT."
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -145,6 +146,11 @@ class App:
             self.config.metrics.host,
             self.config.metrics.port,
         )
+        # Everything built so far (modules, schemas, the configuration) lives as long as the
+        # process: frozen, the collector never walks it again, so full collections stay short
+        # and stop adding tens of milliseconds to deliveries that happen to wait on one.
+        gc.collect()
+        gc.freeze()
         watcher = ConfigWatcher(self.config, self._apply, self._rejected)
         watch_task = asyncio.create_task(watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())

@@ -34,7 +34,9 @@ def consumer_settings(
         "enable.auto.offset.store": False,
         "auto.commit.interval.ms": 1000,
         "partition.assignment.strategy": "cooperative-sticky",
-        "fetch.wait.max.ms": 50,
+        # A partition resumed when its retry falls due is fetched in the next request; an
+        # outstanding long poll delays that by up to this much (the default is 500 ms).
+        "fetch.wait.max.ms": 25,
         # A partition resumed after a hold is fetched again at once (the default waits up to 1 s
         # when its prefetch queue had been full), so a retry falling due is not held back.
         "fetch.queue.backoff.ms": 20,
