@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = REPO / "schemas"
 QUIET = {"log_level": 0}
 CONCURRENCY = 64
+WARMUP_S = 5.0  # latency scenarios: traffic before the measured window, not counted
 SUCCESS = "transaction.success"
 
 
@@ -186,38 +187,48 @@ class Stage:
         return ids
 
     def produce_at_rate(
-        self, topic: str, rate: float, seconds: float, accounts: list[str]
-    ) -> dict[str, tuple[float, str]]:
-        """Produce at a fixed rate, cycling accounts: id -> (record timestamp in s, account)."""
+        self, topic: str, rate: float, seconds: float, accounts: list[str], warmup: float = 0.0
+    ) -> tuple[dict[str, tuple[float, str]], int]:
+        """Produce at a fixed rate, cycling accounts: id -> (record timestamp in s, account), and
+        how many warm-up records came first (the first account's share of the rate for ``warmup``
+        seconds, not in the result: a cold start is not the steady state being measured)."""
         producer = Producer(
             {"bootstrap.servers": self.bootstrap, "linger.ms": 0, "acks": "all", **QUIET}
         )
+        # Learn the topic's partitions and leaders before the clock starts: the first records of
+        # a new producer otherwise wait for that lookup, which is not the bridge's latency.
+        producer.list_topics(topic, timeout=10)
         stamps: dict[str, tuple[float, str]] = {}
         account_of: dict[str, str] = {}
 
         def delivered(err: Any, msg: Any) -> None:
-            if err is None:
-                key = msg.key().decode()
+            key = msg.key().decode()
+            if err is None and key in account_of:
                 stamps[key] = (msg.timestamp()[1] / 1000, account_of[key])
 
         template = make_record("x", accounts[0])
-        total = int(rate * seconds)
+        warm_rate = rate / len(accounts)
+        schedule = [
+            (n / warm_rate, f"warm-{n:07d}", accounts[0]) for n in range(int(warm_rate * warmup))
+        ]
+        schedule += [
+            (warmup + n / rate, f"lat-{n:07d}-{uuid.uuid4().hex[:6]}", accounts[n % len(accounts)])
+            for n in range(int(rate * seconds))
+        ]
         started = time.perf_counter()
-        for index in range(total):
-            due = started + index / rate
-            pause = due - time.perf_counter()
+        for offset, transaction_id, account in schedule:
+            pause = started + offset - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
-            transaction_id = f"lat-{index:07d}-{uuid.uuid4().hex[:6]}"
-            account = accounts[index % len(accounts)]
-            account_of[transaction_id] = account
+            if not transaction_id.startswith("warm-"):
+                account_of[transaction_id] = account
             record = {**template, "transactionId": transaction_id, "accountHolderId": account}
             producer.produce(
                 topic, value=self.encode(record), key=transaction_id.encode(), on_delivery=delivered
             )
             producer.poll(0)
         producer.flush(30)
-        return stamps
+        return stamps, int(warm_rate * warmup)
 
     # ---- the bridge ------------------------------------------------------------------------
 
@@ -430,8 +441,9 @@ def scenario_latency(stage: Stage, rate: float, seconds: float) -> dict[str, Any
         topic, [{"id": "lat", "account": "acct_lat", "url": stage.url("/ok/lat")}]
     ) as process:
         _wait_assigned(stage, topic)
-        stamps = stage.produce_at_rate(topic, rate, seconds, ["acct_lat"])
-        _wait(lambda: stage.received() >= len(stamps), 60, "every latency delivery", 0.2, process)
+        stamps, warm = stage.produce_at_rate(topic, rate, seconds, ["acct_lat"], WARMUP_S)
+        expected = len(stamps) + warm
+        _wait(lambda: stage.received() >= expected, 60, "every latency delivery", 0.2, process)
     arrivals = {entry[2]: entry[0] for entry in stage.dump() if entry[3] == 200}
     latencies = [
         arrivals[message_id(tx, SUCCESS, "lat")] - ts
@@ -508,9 +520,12 @@ def scenario_isolation(stage: Stage, rate: float, seconds: float, hang: bool) ->
         accounts.append("acct_hung")
     with stage.bridge(topic, hooks, timeout=5.0) as process:
         _wait_assigned(stage, topic)
-        stamps = stage.produce_at_rate(topic, rate * len(accounts), seconds, accounts)
+        stamps, warm = stage.produce_at_rate(
+            topic, rate * len(accounts), seconds, accounts, WARMUP_S
+        )
         healthy = {tx: ts for tx, (ts, account) in stamps.items() if account == "acct_ok"}
-        _wait(lambda: stage.received() >= len(healthy), 60, "healthy deliveries", 0.2, process)
+        expected = len(healthy) + warm
+        _wait(lambda: stage.received() >= expected, 60, "healthy deliveries", 0.2, process)
     arrivals = {e[2]: e[0] for e in stage.dump() if e[3] == 200 and e[1].startswith("/ok")}
     latencies = [
         arrivals[message_id(tx, SUCCESS, "healthy")] - ts
