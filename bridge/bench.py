@@ -133,7 +133,12 @@ class Stage:
 
     def new_topics(self, partitions: int = 6, attempts: int = 5) -> str:
         source = f"bench-{uuid.uuid4().hex[:8]}"
-        names = [source, f"{source}.dlq", *(f"{source}.retry.{n}" for n in range(1, attempts + 1))]
+        names = [
+            source,
+            f"{source}.dlq",
+            f"{source}.parked",
+            *(f"{source}.retry.{n}" for n in range(1, attempts + 1)),
+        ]
         admin = AdminClient({"bootstrap.servers": self.bootstrap, **QUIET})
         futures = admin.create_topics(
             [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names]

@@ -138,7 +138,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(_table(rows, ["ID", "ACCOUNT", "EVENTS", "HOST", "SCHEME", "ENABLED"]))
     print(
         f"topics: source {config.topics.source}, {len(config.delay_topics)} delay rung(s), "
-        f"dead letters {config.dead_letter_topic}"
+        f"parking {config.parked_topic}, dead letters {config.dead_letter_topic}"
     )
     if args.offline:
         return EXIT_OK
@@ -152,7 +152,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
             hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
         ) from exc
-    needed = [config.topics.source, *config.delay_topics, config.dead_letter_topic]
+    needed = [
+        config.topics.source,
+        *config.delay_topics,
+        config.parked_topic,
+        config.dead_letter_topic,
+    ]
     missing = [t for t in needed if t not in metadata.topics]
     print(f"kafka: {len(metadata.brokers)} broker(s) reachable at {config.kafka.bootstrap_servers}")
     if missing:

@@ -106,10 +106,12 @@ class SchemasConfig:
 
 @dataclass(frozen=True, slots=True)
 class TopicsConfig:
-    """Source, retry-ladder and dead-letter topics; the loader derives the last two from source."""
+    """Source, retry-ladder, parking and dead-letter topics; the loader derives the others from
+    source."""
 
     source: str = "transactions.outcomes"
     retry_prefix: str = "transactions.outcomes.retry"
+    parked: str = "transactions.outcomes.parked"
     dead_letter: str = "transactions.outcomes.dlq"
     partitions: int = 6
     replication_factor: int = 1
@@ -122,6 +124,8 @@ class RetryConfig:
     attempts: int = 5
     first_delay_ms: int = 500
     increment_ms: int = 500
+    park_delay_ms: int = 30_000
+    max_parks: int = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +203,11 @@ class Config:
         """The retry-ladder topics, rung 1 first: ``<retry_prefix>.<n>``, one per retry."""
         prefix = self.topics.retry_prefix
         return tuple(f"{prefix}.{rung}" for rung in range(1, self.retry.attempts + 1))
+
+    @property
+    def parked_topic(self) -> str:
+        """Where deliveries to a stalled webhook wait, ``retry.park_delay_ms`` at a time."""
+        return self.topics.parked
 
     @property
     def dead_letter_topic(self) -> str:
@@ -441,6 +450,7 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
     "topics": {
         "source": _Field(_topic),
         "retry_prefix": _Field(_topic),
+        "parked": _Field(_topic),
         "dead_letter": _Field(_topic),
         "partitions": _Field(_integer(1, 10_000)),
         "replication_factor": _Field(_integer(1, 100)),
@@ -449,6 +459,8 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
         "attempts": _Field(_integer(1, 20)),
         "first_delay_ms": _Field(_integer(0, 86_400_000)),
         "increment_ms": _Field(_integer(0, 86_400_000)),
+        "park_delay_ms": _Field(_integer(1, 86_400_000)),
+        "max_parks": _Field(_integer(1, 10_000)),
     },
     "delivery": {
         "timeout_seconds": _Field(_seconds(0, 300)),
@@ -683,6 +695,7 @@ class _Loader:
         values = section.values
         source = values.get("source", TopicsConfig().source)
         values.setdefault("retry_prefix", f"{source}.retry")
+        values.setdefault("parked", f"{source}.parked")
         values.setdefault("dead_letter", f"{source}.dlq")
         return TopicsConfig(**values)
 

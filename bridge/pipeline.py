@@ -57,6 +57,7 @@ REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
 BACKPRESSURE_WAIT_S = 0.25
+TURN_AWAY_BATCH = 50
 REVOKE_DRAIN_S = 10.0
 
 
@@ -128,13 +129,27 @@ class Lane:
             return
         if time.monotonic() - self.last_answer >= self.patience:
             self.is_stalled = True
-            while self.waiters:
-                waiter = self.waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(False)
+            self._turn_away()
             return
         loop = asyncio.get_running_loop()
         self.watch = loop.call_at(self._stall_at(loop), self._check)
+
+    def _turn_away(self) -> None:
+        """Tell the waiters of a stalled lane not to wait, a batch per turn of the event loop, so
+        that parking thousands of them at once does not hold up other webhooks' deliveries."""
+        for _ in range(TURN_AWAY_BATCH):
+            if not self.waiters:
+                return
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+        if not self.waiters:
+            return
+        loop = asyncio.get_running_loop()
+        if self.is_stalled:
+            loop.call_soon(self._turn_away)
+        elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
+            self.watch = loop.call_at(self._stall_at(loop), self._check)
 
     def release(self, answered: bool) -> None:
         """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came."""
@@ -221,8 +236,8 @@ class Pipeline:
     # ---- the consume loop --------------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        """Every topic the bridge consumes: the source and each rung of the ladder."""
-        return [self.source_topic, *self.policy.delay_topics]
+        """Every topic the bridge consumes: the source, each rung of the ladder, the parking lot."""
+        return [self.source_topic, *self.policy.delay_topics, self.policy.parked_topic]
 
     async def run(self) -> None:
         """Consume and dispatch until ``stopping`` is set (then :meth:`drain` finishes the work)."""
@@ -519,7 +534,10 @@ class Pipeline:
         metrics.retries.labels(webhook.id, str(step.attempt)).inc()
 
     async def _defer(self, delivery: PendingDelivery, webhook: Webhook) -> None:
-        step = self.policy.defer(delivery.attempt, now_ms())
+        step = self.policy.defer(delivery.attempt, delivery.deferrals, now_ms())
+        if isinstance(step, GiveUp):
+            await self._dead_letter(delivery, "webhook_stalled", step.attempts_made)
+            return
         parked = delivery.next(delivery.attempt, step.due_ms, None, "", deferred=True)
         await self._produce(step.topic, parked.body, parked.key, delay_headers(parked), "retry")
         self.metrics.deferrals.labels(webhook.id).inc()

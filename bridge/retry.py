@@ -3,6 +3,10 @@
 Attempt 0 is the first delivery. After non-receipt, up to ``attempts`` more follow; retry ``n``
 (1-based) waits ``first_delay_ms + (n - 1) * increment_ms`` and travels through rung ``n``'s delay
 topic. With the defaults the ladder is 0.5 s, 1.0 s, 1.5 s, 2.0 s, 2.5 s: at most 6 requests.
+
+A delivery to a stalled webhook (one that answers nothing) is parked instead: it waits
+``park_delay_ms`` in the parking topic without using an attempt, at most ``max_parks`` times; then
+it is dead-lettered (reason ``webhook_stalled``).
 """
 
 from __future__ import annotations
@@ -37,11 +41,22 @@ class RetryPolicy:
     delay_topics: tuple[str, ...]
     first_delay_ms: int
     increment_ms: int
+    parked_topic: str = "parked"
+    park_delay_ms: int = 30_000
+    max_parks: int = 20
 
     @classmethod
     def from_config(cls, config: Config) -> RetryPolicy:
-        """The ladder of a configuration: its delay topics and its ``retry`` section."""
-        return cls(config.delay_topics, config.retry.first_delay_ms, config.retry.increment_ms)
+        """The ladder of a configuration: its delay and parking topics and its ``retry`` section."""
+        retry = config.retry
+        return cls(
+            config.delay_topics,
+            retry.first_delay_ms,
+            retry.increment_ms,
+            config.parked_topic,
+            retry.park_delay_ms,
+            retry.max_parks,
+        )
 
     @property
     def attempts(self) -> int:
@@ -59,13 +74,13 @@ class RetryPolicy:
         attempt = failed_attempt + 1
         return Retry(self.delay_topics[attempt - 1], attempt, now_ms + self.delay_ms(attempt))
 
-    def defer(self, attempt: int, now_ms: int) -> Retry:
-        """Park a delivery that could not start (its webhook is saturated) without using an attempt.
-
-        It waits the ladder's longest delay in the last rung's topic, so a saturated webhook is
-        tried again at most once per that delay and never blocks records behind it.
-        """
-        return Retry(self.delay_topics[-1], attempt, now_ms + self.delay_ms(self.attempts))
+    def defer(self, attempt: int, parks: int, now_ms: int) -> Retry | GiveUp:
+        """Park a delivery whose webhook is stalled, without using an attempt: it waits the park
+        delay in the parking topic, so a stalled webhook costs one pass per park delay and never
+        blocks records behind it. After ``max_parks`` parks it gives up (dead letter)."""
+        if parks >= self.max_parks:
+            return GiveUp(attempts_made=attempt)
+        return Retry(self.parked_topic, attempt, now_ms + self.park_delay_ms)
 
     def span_ms(self) -> int:
         """The ladder's total waiting time from the first failure to the last attempt."""

@@ -61,6 +61,18 @@ def plan_topics(config: Config) -> list[TopicPlan]:
         )
     plans.append(
         TopicPlan(
+            config.parked_topic,
+            "parked deliveries",
+            topics.partitions,
+            topics.replication_factor,
+            {
+                **common,
+                "retention.ms": str(config.retry.park_delay_ms + DELAY_RETENTION_SLACK_MS),
+            },
+        )
+    )
+    plans.append(
+        TopicPlan(
             config.dead_letter_topic,
             "dead letters",
             topics.partitions,

@@ -13,7 +13,7 @@ import pytest
 from bridge.envelope import header_map
 from bridge.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
-from tests.kafka_helpers import wait_for
+from tests.kafka_helpers import consume, wait_for
 from tests.receiver import Answer, Receiver, always, fail_first
 
 pytestmark = pytest.mark.integration
@@ -178,3 +178,54 @@ def test_sigterm_drains_and_commits(receiver: Receiver, bridge_setup: Setup) -> 
     from tests.kafka_helpers import committed_offsets
 
     assert committed_offsets(setup.bootstrap, setup.group, setup.source) == [5]
+
+
+def test_a_stalled_webhook_is_parked_without_attempts_and_delivered_once_it_answers(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    hanging = {"on": True}
+    receiver.behaviours["/stall"] = lambda _seen: Answer(hang=hanging["on"])
+    setup = bridge_setup(
+        [webhook("stall", "acct_s", receiver.url("/stall"), concurrency=1)],
+        retry={"first_delay_ms": 200, "increment_ms": 100, "park_delay_ms": 1000},
+        delivery={"timeout_seconds": 2.0},
+    )
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record(f"tx-s{i}", "acct_s") for i in range(5)])
+    # One request hangs in the only slot; after 1 s without an answer the other four are parked.
+    wait_for(
+        lambda: bridge.gauge("bridge_deferrals_total", '{webhook="stall"}') >= 4,
+        10,
+        message="the waiting deliveries parked",
+    )
+    hanging["on"] = False
+    wait_for(
+        lambda: len(receiver.received_ids("/stall")) == 5,
+        30,
+        message="every delivery once the webhook answers again",
+    )
+    requests = [r.message_id for r in receiver.on("/stall")]
+    once = [m for m in set(requests) if requests.count(m) == 1]
+    assert len(once) >= 4, "parked deliveries were sent once each: parking used no attempt"
+    parked = consume(setup.bootstrap, f"{setup.source}.parked", 4, timeout=10)
+    parks = sorted(int(header_map(m.headers())["bridge-deferrals"]) for m in parked)
+    assert parks[0] == 1, parks  # parked again while the hung request still held the slot
+
+
+def test_a_delivery_parked_too_often_is_dead_lettered_as_stalled(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    receiver.behaviours["/gone"] = lambda _seen: Answer(hang=True)
+    setup = bridge_setup(
+        [webhook("gone", "acct_g", receiver.url("/gone"), concurrency=1)],
+        retry={"attempts": 1, "first_delay_ms": 200, "park_delay_ms": 300, "max_parks": 2},
+        delivery={"timeout_seconds": 2.0},
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record(f"tx-g{i}", "acct_g") for i in range(3)])
+
+    letters = [header_map(m.headers()) for m in setup.dead_letters(3, timeout=40)]
+    stalled = [h for h in letters if h["bridge-reason"] == "webhook_stalled"]
+    assert stalled, [h["bridge-reason"] for h in letters]
+    assert all(h["bridge-deferrals"] == "2" and h["bridge-attempts"] == "0" for h in stalled)
+    assert {h["bridge-reason"] for h in letters} <= {"webhook_stalled", "retries_exhausted"}

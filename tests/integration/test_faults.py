@@ -96,9 +96,10 @@ def stream_records(rng: random.Random, count: int, accounts: list[str]) -> list[
 
 
 def consumed_topics(setup: BridgeSetup) -> list[str]:
-    """The source topic and every delay rung: what the bridge's group commits."""
+    """The source topic, every delay rung and the parking topic: what the bridge's group commits."""
     rungs = setup.retry.get("attempts", 5)
-    return [setup.source, *(setup.delay_topic(rung) for rung in range(1, rungs + 1))]
+    delay = [setup.delay_topic(rung) for rung in range(1, rungs + 1)]
+    return [setup.source, *delay, f"{setup.source}.parked"]
 
 
 def settle(

@@ -22,6 +22,7 @@ DAY_MS = 24 * 3600 * 1000
 SOURCE_RETENTION_MS = 7 * DAY_MS
 DEAD_LETTER_RETENTION_MS = 28 * DAY_MS
 DELAY_RETENTION_MS = 600 + DAY_MS
+PARKED_RETENTION_MS = 30_000 + DAY_MS  # the default park delay plus a day
 
 
 def write_config(directory: Path, bootstrap: str, source: str, replication_factor: int = 1) -> Path:
@@ -59,6 +60,7 @@ def expected_topics(source: str) -> dict[str, int]:
         source: SOURCE_RETENTION_MS,
         f"{source}.retry.1": DELAY_RETENTION_MS,
         f"{source}.retry.2": DELAY_RETENTION_MS,
+        f"{source}.parked": PARKED_RETENTION_MS,
         f"{source}.dlq": DEAD_LETTER_RETENTION_MS,
     }
 

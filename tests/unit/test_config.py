@@ -87,8 +87,12 @@ def test_topic_names_derive_from_the_source_and_follow_the_attempts(tmp_path: Pa
     config = load_config(write(tmp_path, text), {})
 
     assert config.topics == TopicsConfig(
-        source="payments.out", retry_prefix="payments.out.retry", dead_letter="payments.out.dlq"
+        source="payments.out",
+        retry_prefix="payments.out.retry",
+        parked="payments.out.parked",
+        dead_letter="payments.out.dlq",
     )
+    assert config.parked_topic == "payments.out.parked"
     assert config.delay_topics == ("payments.out.retry.1", "payments.out.retry.2")
 
 

@@ -31,6 +31,8 @@ def test_no_retries_configured_gives_up_at_once() -> None:
     assert RetryPolicy((), 500, 500).after_failure(0, 0) == GiveUp(attempts_made=1)
 
 
-def test_deferral_keeps_the_attempt_and_waits_the_longest_rung() -> None:
-    policy = RetryPolicy(TOPICS, first_delay_ms=200, increment_ms=100)
-    assert policy.defer(attempt=2, now_ms=10) == Retry(TOPICS[-1], 2, 10 + 600)
+def test_parking_keeps_the_attempt_waits_the_park_delay_and_ends() -> None:
+    policy = RetryPolicy(TOPICS, 200, 100, "tx.parked", park_delay_ms=30_000, max_parks=3)
+    assert policy.defer(attempt=2, parks=0, now_ms=10) == Retry("tx.parked", 2, 10 + 30_000)
+    assert policy.defer(attempt=2, parks=2, now_ms=10) == Retry("tx.parked", 2, 10 + 30_000)
+    assert policy.defer(attempt=2, parks=3, now_ms=10) == GiveUp(attempts_made=2)

@@ -14,6 +14,7 @@ def test_plan_covers_source_rungs_and_dead_letters() -> None:
     assert [p.name for p in plans] == [
         config.topics.source,
         *config.delay_topics,
+        config.parked_topic,
         config.dead_letter_topic,
     ]
     assert {p.partitions for p in plans} == {config.topics.partitions}
