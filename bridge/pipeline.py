@@ -11,8 +11,9 @@ Flow control never uses an unbounded queue: at the in-flight limit no more recor
 from the consumer, whose prefetch is bounded, until a quarter of the limit is free again (nothing
 is paused, so nothing is fetched twice: pausing and resuming a partition costs a fresh fetch of up
 to a second, which starved the deliveries). A delay-topic partition whose head is not yet due is
-paused alone until it is due; records fetched for it are dropped and fetched again after a seek to
-the first unprocessed offset. At shutdown every partition is paused.
+paused alone until it is due; the records already in hand for it (up to 500) are kept and taken
+when due, and only what lies beyond them is fetched again after a seek. At shutdown every
+partition is paused.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
 BACKPRESSURE_WAIT_S = 0.25
 TURN_AWAY_BATCH = 50
+WAITING_LIMIT = 500  # retry records kept in hand per held partition
 REVOKE_DRAIN_S = 10.0
 
 
@@ -202,6 +204,7 @@ class Pipeline:
         self.trackers: dict[TP, OffsetTracker] = {}
         self.next_offset: dict[TP, int] = {}
         self.holds: dict[TP, float] = {}  # partition -> monotonic time when it may resume
+        self.waiting: dict[TP, deque[Message]] = {}  # held retry records already in hand
         self.paused: set[TP] = set()
         self.dirty: set[TP] = set()
         self.tasks: dict[TP, set[asyncio.Task[None]]] = {}
@@ -311,6 +314,12 @@ class Pipeline:
             expected = self.next_offset.get(tp)
             if expected is not None and offset < expected:
                 continue  # fetched before a seek back: a newer fetch brings it again
+            waiting = self.waiting.get(tp)
+            if waiting is not None:
+                if offset == expected and len(waiting) < WAITING_LIMIT:
+                    waiting.append(msg)  # behind a head not yet due: kept, taken when due
+                    self.next_offset[tp] = offset + 1
+                continue  # beyond what is kept: fetched again after the resume
             if tp in self.holds or tp in self.paused:
                 if expected is None:
                     self.next_offset[tp] = offset
@@ -319,6 +328,9 @@ class Pipeline:
                 accepted = await self._accept_source(msg, tp, tracker, wall_ms)
             else:
                 accepted = self._accept_retry(msg, tp, tracker, wall_ms)
+                if not accepted:  # not due: keep it (and what follows) rather than fetch again
+                    self.waiting[tp] = deque([msg])
+                    accepted = True
             self.next_offset[tp] = offset + 1 if accepted else offset
 
     def _kafka_error(self, error: KafkaError) -> None:
@@ -666,6 +678,8 @@ class Pipeline:
         for tp, until in list(self.holds.items()):
             if until <= monotonic:
                 del self.holds[tp]
+        if not everything:
+            self._take_waiting()
         wanted = set(self.trackers) if everything else set(self.holds)
         to_resume = [tp for tp in self.paused if tp not in wanted]
         if to_resume:
@@ -674,6 +688,21 @@ class Pipeline:
             self.paused.difference_update(to_resume)
         if to_pause or to_resume:
             self.metrics.paused_partitions.set(len(self.paused))
+
+    def _take_waiting(self) -> None:
+        """Take the kept records of partitions whose hold expired, in order, until one is not
+        due yet (which holds the partition again). A partition resumes, after what it kept, only
+        once all of it was taken: a retry falling due costs no pause, seek and fetch of its own."""
+        wall_ms = now_ms()
+        for tp in [tp for tp in self.waiting if tp not in self.holds]:
+            waiting = self.waiting[tp]
+            tracker = self.trackers.get(tp)
+            while tracker is not None and waiting:
+                if not self._accept_retry(waiting[0], tp, tracker, wall_ms):
+                    break
+                waiting.popleft()
+            if tracker is None or not waiting:
+                del self.waiting[tp]
 
     # ---- rebalance callbacks (called on the consumer's thread, inside fetch) ------------------
 
@@ -700,6 +729,7 @@ class Pipeline:
             self.trackers[tp] = OffsetTracker()
             self.next_offset.pop(tp, None)
             self.holds.pop(tp, None)
+            self.waiting.pop(tp, None)
             self.paused.discard(tp)
         self.metrics.assigned_partitions.set(len(self.trackers))
         log.info("partitions.assigned", extra={"fields": {"partitions": _names(tps)}})
@@ -716,6 +746,7 @@ class Pipeline:
             self.trackers.pop(tp, None)
             self.next_offset.pop(tp, None)
             self.holds.pop(tp, None)
+            self.waiting.pop(tp, None)
             self.paused.discard(tp)
             self.dirty.discard(tp)
             self.tasks.pop(tp, None)

@@ -21,6 +21,9 @@ class ProduceError(Exception):
     """The broker did not acknowledge a record; the caller tries again."""
 
 
+SETTLE_BATCH = 50
+
+
 class DurableProducer:
     """An idempotent producer whose ``send`` completes when the broker has the record."""
 
@@ -89,10 +92,14 @@ class DurableProducer:
 
 
 def _settle_all(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
-    for future, err in reports:
+    """Settle reports, a batch per turn of the event loop: a burst of thousands of
+    acknowledgements then does not hold up the deliveries being answered meanwhile."""
+    for future, err in reports[:SETTLE_BATCH]:
         if future.done():
             continue
         if err is None:
             future.set_result(None)
         else:
             future.set_exception(ProduceError(str(err)))
+    if len(reports) > SETTLE_BATCH:
+        asyncio.get_running_loop().call_soon(_settle_all, reports[SETTLE_BATCH:])
