@@ -68,6 +68,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def now_ms_rounded_up() -> int:
+    """Wall-clock time in milliseconds, rounded up: a due time counted from it is never before
+    the exact moment plus the delay (a retry is taken once ``now_ms() >= due``)."""
+    return -(-time.time_ns() // 1_000_000)
+
+
 class Lane:
     """A per-webhook concurrency limit that tells a busy webhook from a stalled one.
 
@@ -527,7 +533,7 @@ class Pipeline:
         ).inc()
         if outcome.duration:
             metrics.request_duration.labels(webhook.id).observe(outcome.duration)
-        step = self.policy.after_failure(delivery.attempt, now_ms())
+        step = self.policy.after_failure(delivery.attempt, now_ms_rounded_up())
         error = outcome.describe()
         if isinstance(step, GiveUp):
             failed = delivery.next(delivery.attempt, 0, outcome.status, error)
@@ -546,7 +552,7 @@ class Pipeline:
         metrics.retries.labels(webhook.id, str(step.attempt)).inc()
 
     async def _defer(self, delivery: PendingDelivery, webhook: Webhook) -> None:
-        step = self.policy.defer(delivery.attempt, delivery.deferrals, now_ms())
+        step = self.policy.defer(delivery.attempt, delivery.deferrals, now_ms_rounded_up())
         if isinstance(step, GiveUp):
             await self._dead_letter(delivery, "webhook_stalled", step.attempts_made)
             return
