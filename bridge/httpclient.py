@@ -101,8 +101,15 @@ def render_request(target: Target, headers: dict[str, str], body: bytes) -> byte
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one exchange at a time, parsed as bytes arrive."""
 
-    def __init__(self, pool: list[_Connection], header_limit: int, body_limit: int) -> None:
+    def __init__(
+        self,
+        pool: list[_Connection],
+        live: set[_Connection],
+        header_limit: int,
+        body_limit: int,
+    ) -> None:
         self.pool = pool
+        self.live = live  # every open connection of the client, for close()
         self.header_limit = header_limit
         self.body_limit = body_limit
         self.loop = asyncio.get_running_loop()
@@ -155,6 +162,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.live.add(self)
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:
@@ -182,6 +190,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.live.discard(self)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -246,7 +255,7 @@ class HttpClient:
         self._idle_timeout = idle_timeout
         self._targets: dict[str, Target | HttpError] = {}
         self._pools: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._open: set[_Connection] = set()
+        self._live: set[_Connection] = set()
 
     def target(self, url: str) -> Target:
         """The parsed URL (cached: webhook URLs are few and used again and again)."""
@@ -301,7 +310,9 @@ class HttpClient:
                 for address in addresses:
                     try:
                         _transport, connection = await loop.create_connection(
-                            lambda: _Connection(pool, self._header_limit, self._body_limit),
+                            lambda: _Connection(
+                                pool, self._live, self._header_limit, self._body_limit
+                            ),
                             address,
                             target.port,
                             ssl=self._ssl if tls else None,
@@ -312,7 +323,6 @@ class HttpClient:
                     except OSError as exc:
                         errors.append(f"{address}: {exc.strerror or exc}")
                         continue
-                    self._open.add(connection)
                     return connection
         except TimeoutError:
             limit = min(timeout, self._connect_timeout)
@@ -334,12 +344,11 @@ class HttpClient:
             connection.abort()
             stale += 1
         del pool[:stale]
-        self._open = {c for c in self._open if not c.closed} if stale else self._open
 
     async def close(self) -> None:
         """Close every connection."""
-        for connection in self._open:
+        for connection in list(self._live):
             connection.abort()
-        self._open.clear()
+        self._live.clear()
         self._pools.clear()
         await asyncio.sleep(0)  # let the transports run their close callbacks

@@ -202,7 +202,7 @@ def test_a_connection_closed_by_the_server_after_an_answer_is_not_reused() -> No
     async def test(http: HttpClient, url: str, server: Server) -> None:
         for _ in range(3):
             assert await http.post(url, HEADERS, b"{}", 5) == 200
-            await wait_for(lambda: all(c.closed for c in http._open))  # the close arrived
+            await wait_for(lambda: not http._live)  # the close arrived
 
     server = run(one_per_connection, test)
     assert server.connections == 3
