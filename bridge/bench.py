@@ -29,7 +29,7 @@ from typing import Any
 
 import fastavro
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bridge.decoding import Decoder
@@ -464,7 +464,17 @@ def _wait_assigned(stage: Stage, topic: str) -> None:
     _wait(lambda: _group_caught_up(stage, topic), 60, "the bridge to join its group")
 
 
+_COORDINATOR_NOT_READY = {
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError._TIMED_OUT,
+}
+
+
 def _group_caught_up(stage: Stage, topic: str) -> bool:
+    """Whether the bridge's group committed an offset on ``topic`` (a retriable error while the
+    group's coordinator is still being set up, e.g. NOT_COORDINATOR, means not yet)."""
     consumer = Consumer(
         {"bootstrap.servers": stage.bootstrap, "group.id": f"{topic}-bridge", **QUIET}
     )
@@ -473,6 +483,11 @@ def _group_caught_up(stage: Stage, topic: str) -> bool:
 
         committed = consumer.committed([TopicPartition(topic, p) for p in range(6)], timeout=5)
         return any(tp.offset > 0 for tp in committed)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if error.retriable() or error.code() in _COORDINATOR_NOT_READY:
+            return False
+        raise
     finally:
         consumer.close()
 
