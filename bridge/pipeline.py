@@ -58,7 +58,8 @@ REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RESUME_FRACTION = 0.75
 BACKPRESSURE_WAIT_S = 0.25
-TURN_AWAY_BATCH = 50
+TURN_AWAY_BATCH = 25
+TURN_AWAY_INTERVAL_S = 0.01
 WAITING_LIMIT = 500  # retry records kept in hand per held partition
 REVOKE_DRAIN_S = 10.0
 
@@ -143,8 +144,10 @@ class Lane:
         self.watch = loop.call_at(self._stall_at(loop), self._check)
 
     def _turn_away(self) -> None:
-        """Tell the waiters of a stalled lane not to wait, a batch per turn of the event loop, so
-        that parking thousands of them at once does not hold up other webhooks' deliveries."""
+        """Tell the waiters of a stalled lane not to wait, a batch every ``TURN_AWAY_INTERVAL_S``
+        (at most 2,500 a second): parking the thousand or more deliveries that piled up during
+        the patience all at once saturated two cores (the bridge, and the broker writing them)
+        and held up the other webhooks' deliveries by up to 100 ms (docs/PERFORMANCE.md)."""
         for _ in range(TURN_AWAY_BATCH):
             if not self.waiters:
                 return
@@ -155,7 +158,7 @@ class Lane:
             return
         loop = asyncio.get_running_loop()
         if self.is_stalled:
-            loop.call_soon(self._turn_away)
+            loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
         elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
             self.watch = loop.call_at(self._stall_at(loop), self._check)
 

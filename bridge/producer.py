@@ -33,7 +33,10 @@ class DurableProducer:
                 **settings,
                 "acks": "all",
                 "enable.idempotence": True,
-                "linger.ms": 2,
+                # Nothing written here is urgent (a retry's due time is set before it is
+                # written), and a stalled webhook's deliveries are parked hundreds a second:
+                # batching them 20 ms at a time spares the broker a request per record.
+                "linger.ms": 20,
                 "delivery.timeout.ms": 30000,
                 "compression.type": "lz4",
             }
