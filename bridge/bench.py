@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import json
 import os
@@ -44,6 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = REPO / "schemas"
 QUIET = {"log_level": 0}
 CONCURRENCY = 64
+# The broker allocates about 100 MB/s at 1,000 records/s; with the development broker's small heap
+# its garbage collector paused for 5-20 ms twice a second, delaying every record in flight
+# (docs/PERFORMANCE.md). A 1 GiB young generation makes those pauses several seconds apart.
+BENCH_BROKER_HEAP = ("-Xms2g", "-Xmx2g", "-Xmn1g")
 WARMUP_S = 5.0  # latency scenarios: traffic before the measured window, not counted
 SUCCESS = "transaction.success"
 
@@ -77,6 +82,7 @@ class Stage:
     receiver: subprocess.Popen[bytes] | None = None
     schema: Any = None
     parsed: Any = None
+    schedule_lag: dict[str, float] = field(default_factory=dict)  # of the last produce_at_rate
 
     def __post_init__(self) -> None:
         self.schema = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
@@ -221,19 +227,39 @@ class Stage:
             (warmup + n / rate, f"lat-{n:07d}-{uuid.uuid4().hex[:6]}", accounts[n % len(accounts)])
             for n in range(int(rate * seconds))
         ]
+        # The load generator must keep its schedule: a pause of this process (its garbage
+        # collector walking what earlier scenarios left) would send records in bursts.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        lags = []
         started = time.perf_counter()
-        for offset, transaction_id, account in schedule:
-            pause = started + offset - time.perf_counter()
-            if pause > 0:
-                time.sleep(pause)
-            if not transaction_id.startswith("warm-"):
-                account_of[transaction_id] = account
-            record = {**template, "transactionId": transaction_id, "accountHolderId": account}
-            producer.produce(
-                topic, value=self.encode(record), key=transaction_id.encode(), on_delivery=delivered
-            )
-            producer.poll(0)
+        try:
+            for offset, transaction_id, account in schedule:
+                pause = started + offset - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                else:
+                    lags.append(-pause)
+                if not transaction_id.startswith("warm-"):
+                    account_of[transaction_id] = account
+                record = {**template, "transactionId": transaction_id, "accountHolderId": account}
+                producer.produce(
+                    topic,
+                    value=self.encode(record),
+                    key=transaction_id.encode(),
+                    on_delivery=delivered,
+                )
+                producer.poll(0)
+        finally:
+            gc.enable()
+            gc.unfreeze()
         producer.flush(30)
+        lags += [0.0] * (len(schedule) - len(lags))
+        self.schedule_lag = {
+            "p99_ms": round(percentile(lags, 0.99) * 1000, 2),
+            "max_ms": round(max(lags, default=0.0) * 1000, 2),
+        }
         return stamps, int(warm_rate * warmup)
 
     # ---- the bridge ------------------------------------------------------------------------
@@ -456,7 +482,12 @@ def scenario_latency(stage: Stage, rate: float, seconds: float) -> dict[str, Any
         for tx, (ts, _) in stamps.items()
         if message_id(tx, SUCCESS, "lat") in arrivals
     ]
-    return {"rate_per_s": rate, "seconds": seconds, **summary_ms(latencies)}
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        **summary_ms(latencies),
+        "producer_lag_ms": stage.schedule_lag,
+    }
 
 
 def _wait_assigned(stage: Stage, topic: str) -> None:
@@ -553,7 +584,7 @@ def scenario_isolation(stage: Stage, rate: float, seconds: float, hang: bool) ->
         for tx, ts in healthy.items()
         if message_id(tx, SUCCESS, "healthy") in arrivals
     ]
-    return {"hung_beside": hang, **summary_ms(latencies)}
+    return {"hung_beside": hang, **summary_ms(latencies), "producer_lag_ms": stage.schedule_lag}
 
 
 def scenario_isolation_rounds(
@@ -672,7 +703,7 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         return only is None or name in only
 
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    broker = None if external else Broker(CACHE / "bench-broker")
+    broker = None if external else Broker(CACHE / "bench-broker", heap=BENCH_BROKER_HEAP)
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     stage = Stage(bootstrap, workdir)
     try:

@@ -139,6 +139,7 @@ class Broker:
     """A single-node KRaft broker whose state lives in ``home`` (pid, ports, data, logs)."""
 
     home: Path
+    heap: tuple[str, ...] = ("-Xms128m", "-Xmx512m")
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -225,9 +226,9 @@ class Broker:
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
         return [
             "java",
-            "-Xms128m",
-            "-Xmx512m",
+            *self.heap,
             "-XX:+UseG1GC",
+            f"-Xlog:gc:file={self.home / 'gc.log'}:time,uptime:filecount=2,filesize=10M",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{self.home / 'log4j2.properties'}",
             "-cp",
