@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.bench import _median_of, render
+from bridge.bench import THROUGHPUT_KEYS, _median_of, render
 
 
 def _round(p99: float, hung: bool = True) -> dict[str, object]:
@@ -37,6 +37,30 @@ def test_the_table_shows_each_rounds_p99_on_one_line() -> None:
     }
     table = render(results)
     line = next(line for line in table.splitlines() if line.startswith("isolation_hung"))
-    assert '"round_p99s_ms": [9.0, 4.0, 30.0]' in line
+    assert '"round_p99_ms": [9.0, 4.0, 30.0]' in line
     assert '"p99_ms": 9.0' in line
     assert "[MISSED] healthy p99 with a hung webhook <= 2x alone" in table
+
+
+def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
+    rounds = [
+        {
+            "records": 10,
+            "metrics": True,
+            "seconds": 2.0,
+            "deliveries_per_s": 5,
+            "peak_rss_mb": 90.0,
+        },
+        {
+            "records": 10,
+            "metrics": True,
+            "seconds": 1.0,
+            "deliveries_per_s": 10,
+            "peak_rss_mb": 99.0,
+        },
+    ]
+    summary = _median_of(rounds, THROUGHPUT_KEYS)
+    assert summary["deliveries_per_s"] == 7.5
+    assert summary["metrics"] is True and summary["records"] == 10
+    table = render({"machine": {}, "throughput": summary})
+    assert '"round_deliveries_per_s": [5, 10]' in table
