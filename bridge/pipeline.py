@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -87,11 +87,23 @@ class Lane:
     timer per lane watches for a stall, however many deliveries wait.
     """
 
-    __slots__ = ("active", "is_stalled", "last_answer", "limit", "patience", "waiters", "watch")
+    __slots__ = (
+        "active",
+        "hurry",
+        "is_stalled",
+        "last_answer",
+        "limit",
+        "patience",
+        "waiters",
+        "watch",
+    )
 
-    def __init__(self, limit: int, patience: float) -> None:
+    def __init__(
+        self, limit: int, patience: float, hurry: Callable[[], bool] = lambda: False
+    ) -> None:
         self.limit = limit
         self.patience = patience
+        self.hurry = hurry  # true while waiters hold up others (the in-flight limit is reached)
         self.active = 0
         self.is_stalled = False
         self.last_answer = time.monotonic()
@@ -147,7 +159,9 @@ class Lane:
         """Tell the waiters of a stalled lane not to wait, a batch every ``TURN_AWAY_INTERVAL_S``
         (at most 2,500 a second): parking the thousand or more deliveries that piled up during
         the patience all at once saturated two cores (the bridge, and the broker writing them)
-        and held up the other webhooks' deliveries by up to 100 ms (docs/PERFORMANCE.md)."""
+        and held up the other webhooks' deliveries by up to 100 ms (docs/PERFORMANCE.md). While
+        ``hurry()`` (the waiters fill the in-flight limit, so nothing else moves) a batch every
+        turn of the event loop."""
         for _ in range(TURN_AWAY_BATCH):
             if not self.waiters:
                 return
@@ -157,7 +171,9 @@ class Lane:
         if not self.waiters:
             return
         loop = asyncio.get_running_loop()
-        if self.is_stalled:
+        if self.is_stalled and self.hurry():
+            loop.call_soon(self._turn_away)
+        elif self.is_stalled:
             loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
         elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
             self.watch = loop.call_at(self._stall_at(loop), self._check)
@@ -288,6 +304,10 @@ class Pipeline:
         elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
             self.backpressure = False
         return 0 if self.backpressure else self.max_in_flight - self.in_flight
+
+    def _at_limit(self) -> bool:
+        """Whether the in-flight limit holds records back (back-pressure is on)."""
+        return self.backpressure or self.in_flight >= self.max_in_flight
 
     async def _wait_for_room(self) -> None:
         """Wait for finished deliveries to make room, at most one polling interval: offsets are
@@ -457,7 +477,9 @@ class Pipeline:
     def _lane(self, webhook: Webhook) -> Lane:
         lane = self.lanes.get(webhook.id)
         if lane is None:
-            lane = self.lanes[webhook.id] = Lane(webhook.concurrency, self._patience(webhook))
+            lane = self.lanes[webhook.id] = Lane(
+                webhook.concurrency, self._patience(webhook), hurry=self._at_limit
+            )
         return lane
 
     def _patience(self, webhook: Webhook) -> float:

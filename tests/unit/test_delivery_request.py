@@ -11,7 +11,7 @@ import time
 from bridge import __version__
 from bridge.config import Secret, Webhook
 from bridge.delivery import DeliveryRequest, Outcome, build_request
-from bridge.pipeline import Lane
+from bridge.pipeline import TURN_AWAY_BATCH, TURN_AWAY_INTERVAL_S, Lane
 
 HOOK = Webhook(
     id="shop",
@@ -113,3 +113,32 @@ def test_cancelled_waiter_does_not_leak_a_slot() -> None:
         return lane.active
 
     assert asyncio.run(scenario()) == 0
+
+
+async def _turned_away_times(waiters: int, hurry: bool) -> list[float]:
+    """When each of ``waiters`` deliveries, waiting on a lane that stalls, is turned away."""
+    lane = Lane(1, patience=0.02, hurry=lambda: hurry)
+    lane.try_acquire()  # a request that never answers
+    times: list[float] = []
+
+    async def wait() -> None:
+        assert await lane.acquire() is False
+        times.append(time.monotonic())
+
+    await asyncio.gather(*(wait() for _ in range(waiters)))
+    return times
+
+
+def test_a_stalled_lane_turns_its_waiters_away_a_batch_at_a_time() -> None:
+    times = asyncio.run(_turned_away_times(3 * TURN_AWAY_BATCH, hurry=False))
+    assert len(times) == 3 * TURN_AWAY_BATCH
+    # Three batches, the later two each at least one interval after the one before.
+    assert times[-1] - times[0] >= 2 * TURN_AWAY_INTERVAL_S * 0.9
+    first_batch = [t for t in times if t - times[0] < TURN_AWAY_INTERVAL_S / 2]
+    assert len(first_batch) == TURN_AWAY_BATCH
+
+
+def test_a_stalled_lane_in_a_hurry_turns_every_waiter_away_at_once() -> None:
+    times = asyncio.run(_turned_away_times(3 * TURN_AWAY_BATCH, hurry=True))
+    assert len(times) == 3 * TURN_AWAY_BATCH
+    assert times[-1] - times[0] < TURN_AWAY_INTERVAL_S
