@@ -212,10 +212,10 @@ class Stage:
     def produce_at_rate(
         self, topic: str, rate: float, seconds: float, accounts: list[str], warmup: float = 0.0
     ) -> tuple[dict[str, tuple[float, str]], int]:
-        """Produce at a fixed rate, cycling accounts: id -> (record timestamp in s, the broker's
-        append time on the source topics, account), and
-        how many warm-up records came first (the first account's share of the rate for ``warmup``
-        seconds, not in the result: a cold start is not the steady state being measured)."""
+        """Produce at a fixed rate, cycling accounts. Returns id -> (record timestamp in s, which
+        on the source topics is the broker's append time; account), and how many warm-up records
+        came first (the first account's share of the rate for ``warmup`` seconds, not in the
+        result: a cold start is not the steady state being measured)."""
         # Batching like a default client (librdkafka's and Java's linger.ms is 5): unbatched, one
         # request per record at 1,000/s was the broker's largest load on the shared two cores.
         producer = Producer(

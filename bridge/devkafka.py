@@ -224,11 +224,14 @@ class Broker:
         return props
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
+        # The broker's heap and GC log; the short-lived storage tool keeps the JVM's defaults.
+        broker = main == "kafka.Kafka"
+        gc_log = f"-Xlog:gc:file={self.home / 'gc.log'}:time,uptime:filecount=2,filesize=10M"
         return [
             "java",
-            *self.heap,
+            *(self.heap if broker else ()),
             "-XX:+UseG1GC",
-            f"-Xlog:gc:file={self.home / 'gc.log'}:time,uptime:filecount=2,filesize=10M",
+            *([gc_log] if broker else []),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile=file:{self.home / 'log4j2.properties'}",
             "-cp",
