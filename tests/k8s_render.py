@@ -2,14 +2,24 @@
 
 Supported: ``resources`` (files and directories), ``namespace``, ``configMapGenerator`` (files,
 literals, ``behavior: merge``) with name hashes disabled, ``patches`` (strategic merge of built-in
-kinds, JSON merge of custom resources, JSON 6902) and ``images``. Any other key raises
+kinds, JSON merge of custom resources, JSON 6902), ``images`` and ``replacements`` (scalar values,
+selected by kind and name, dotted field paths with list indexes), and the dropping of
+``config.kubernetes.io/local-config`` objects from the output. Any other key or option raises
 :class:`Unsupported`, so a kustomization never renders silently wrong. A test compares the result
 with ``kubectl kustomize`` where kubectl is installed.
+
+The order is kustomize's (v5): each kustomization accumulates its resources (a directory is built
+completely, its own replacements included), runs its generators (a ``behavior: merge`` updates the
+accumulated ConfigMap), then its transformers (patches, namespace, images, replacements last).
+Local-config objects stay available to every level's replacements and are dropped only from the
+final output. Hence an overlay's merged value reaches a field only through a replacement in that
+overlay: the base's replacements ran with the base's value.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,20 +37,41 @@ SUPPORTED_KEYS = frozenset(
         "configMapGenerator",
         "patches",
         "images",
+        "replacements",
     }
 )
 # Cluster-scoped kinds among those the manifests use; everything else gets the namespace.
 CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
 # Built-in API groups: patches on their kinds are strategic merges, on others JSON merges.
 BUILTIN_GROUPS = frozenset({"", "apps", "batch", "policy", "networking.k8s.io", "autoscaling"})
+# Objects kustomize reads but never prints (unless the value is "false").
+LOCAL_CONFIG_ANNOTATION = "config.kubernetes.io/local-config"
+# What a replacement's source and target selectors may name.
+SELECTOR_KEYS = frozenset({"group", "version", "kind", "name", "namespace"})
 
 
 class Unsupported(Exception):
     """The kustomization uses a feature this renderer does not implement."""
 
 
-def render(directory: Path) -> list[Manifest]:
-    """The manifests ``kubectl kustomize directory`` would print, in no particular order."""
+def render(directory: Path, *, include_local_config: bool = False) -> list[Manifest]:
+    """The manifests ``kubectl kustomize directory`` would print, in no particular order.
+
+    ``include_local_config`` keeps the local-config objects (as kustomize does inside a build)."""
+    manifests = build(directory)
+    if include_local_config:
+        return manifests
+    return [m for m in manifests if not is_local_config(m)]
+
+
+def is_local_config(manifest: Manifest) -> bool:
+    """Whether kustomize leaves this object out of its output (annotation present, not "false")."""
+    annotations: dict[str, str] = manifest["metadata"].get("annotations") or {}
+    return annotations.get(LOCAL_CONFIG_ANNOTATION, "false") != "false"
+
+
+def build(directory: Path) -> list[Manifest]:
+    """One kustomization's accumulated manifests, local-config objects included."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(kustomization) - SUPPORTED_KEYS
     if unknown:
@@ -48,7 +79,7 @@ def render(directory: Path) -> list[Manifest]:
     manifests: list[Manifest] = []
     for entry in kustomization.get("resources", []):
         path = directory / entry
-        manifests += render(path) if path.is_dir() else load_documents(path)
+        manifests += build(path) if path.is_dir() else load_documents(path)
     hashing = not kustomization.get("generatorOptions", {}).get("disableNameSuffixHash", False)
     for generator in kustomization.get("configMapGenerator", []):
         apply_generator(manifests, directory, generator, hashing)
@@ -61,6 +92,9 @@ def render(directory: Path) -> list[Manifest]:
         for manifest in manifests:
             if manifest["kind"] not in CLUSTER_SCOPED:
                 manifest["metadata"]["namespace"] = kustomization["namespace"]
+    # Kustomize's last built-in transformer: after this kustomization's generators and patches.
+    for replacement in kustomization.get("replacements", []):
+        apply_replacement(manifests, replacement)
     return manifests
 
 
@@ -100,6 +134,8 @@ def apply_generator(
     unknown = set(generator) - {"name", "files", "literals", "behavior", "options"}
     if unknown:
         raise Unsupported(f"configMapGenerator keys {sorted(unknown)}")
+    if set(generator.get("options", {})) - {"disableNameSuffixHash"}:
+        raise Unsupported(f"configMapGenerator options {sorted(generator['options'])}")
     data: dict[str, str] = {}
     for entry in generator.get("files", []):
         key, _, file = entry.rpartition("=")
@@ -174,14 +210,14 @@ def merge(base: Any, patch: Any, strategic: bool) -> Any:
                 result[key] = merge(base.get(key), value, strategic)
         return result
     if strategic and named_items(base) and named_items(patch):
-        result = copy.deepcopy(base)
+        items: list[Any] = copy.deepcopy(base)
         for item in patch:
-            same = [i for i, old in enumerate(result) if old["name"] == item["name"]]
+            same = [i for i, old in enumerate(items) if old["name"] == item["name"]]
             if same:
-                result[same[0]] = merge(result[same[0]], item, strategic)
+                items[same[0]] = merge(items[same[0]], item, strategic)
             else:
-                result.append(copy.deepcopy(item))
-        return result
+                items.append(copy.deepcopy(item))
+        return items
     return copy.deepcopy(patch)
 
 
@@ -231,3 +267,110 @@ def set_image(container: dict[str, Any], image: dict[str, str]) -> None:
     if name == image["name"]:
         tag = image.get("newTag", tag)
         container["image"] = image.get("newName", name) + (f":{tag}" if tag else "")
+
+
+def apply_replacement(manifests: list[Manifest], replacement: dict[str, Any]) -> None:
+    """One ``replacements`` entry: copy a scalar from one object into fields of others.
+
+    A missing source or target field is an error, as in kustomize v5. Stricter than kustomize, which
+    skips it silently, so is a target selecting no object (a typo would leave a placeholder)."""
+    if set(replacement) != {"source", "targets"}:
+        raise Unsupported(f"replacement keys {sorted(replacement)}: only inline source, targets")
+    source = replacement["source"]
+    unknown = set(source) - SELECTOR_KEYS - {"fieldPath"}
+    if unknown:
+        raise Unsupported(f"replacement source keys {sorted(unknown)}")
+    if "fieldPath" not in source:
+        raise Unsupported("replacement source without fieldPath (default metadata.name)")
+    selector = {key: value for key, value in source.items() if key != "fieldPath"}
+    found = [m for m in manifests if selected(m, selector)]
+    if len(found) != 1:
+        raise ValueError(f"replacement source {selector} selects {len(found)} objects, not one")
+    value = lookup(found[0], source["fieldPath"])
+    if value is None:
+        raise ValueError(f"replacement source field {source['fieldPath']} is missing")
+    if isinstance(value, dict | list):
+        raise Unsupported(f"replacement of a non-scalar value ({source['fieldPath']})")
+    for target in replacement["targets"]:
+        unknown = set(target) - {"select", "fieldPaths"}
+        if unknown:
+            raise Unsupported(f"replacement target keys {sorted(unknown)}")
+        if not target.get("fieldPaths"):
+            raise Unsupported("replacement target without fieldPaths (default metadata.name)")
+        if set(target["select"]) - SELECTOR_KEYS:
+            raise Unsupported(f"replacement select keys {sorted(target['select'])}")
+        matched = [m for m in manifests if selected(m, target["select"])]
+        if not matched:
+            raise ValueError(f"replacement target {target['select']} selects nothing")
+        for manifest in matched:
+            for field_path in target["fieldPaths"]:
+                set_scalar(manifest, field_path, value)
+
+
+def selected(manifest: Manifest, selector: dict[str, str]) -> bool:
+    """Whether a replacement selector (exact group, version, kind, name, namespace) selects it."""
+    group, _, version = manifest["apiVersion"].rpartition("/")
+    actual = {
+        "group": group,
+        "version": version,
+        "kind": manifest["kind"],
+        "name": manifest["metadata"]["name"],
+        "namespace": manifest["metadata"].get("namespace", ""),
+    }
+    return all(actual[key] == value for key, value in selector.items())
+
+
+def path_parts(field_path: str) -> list[str]:
+    """A dotted field path's parts; kustomize's ``[key=value]`` and ``*`` parts are unsupported."""
+    parts = field_path.split(".")
+    if any(not part or part.startswith("[") or "*" in part for part in parts):
+        raise Unsupported(f"field path {field_path!r}: only names and list indexes")
+    return parts
+
+
+def step(node: Any, part: str, field_path: str) -> Any:
+    """The child ``part`` of ``node`` (an index for a list), or None when it is absent."""
+    if part.isdigit():
+        if not isinstance(node, list):
+            raise ValueError(f"{field_path}: index {part} into a {type(node).__name__}")
+        return node[int(part)] if int(part) < len(node) else None
+    if not isinstance(node, dict):
+        raise ValueError(f"{field_path}: field {part} of a {type(node).__name__}")
+    return node.get(part)
+
+
+def lookup(manifest: Manifest, field_path: str) -> Any:
+    """The value at a dotted field path, or None when any part is absent."""
+    node: Any = manifest
+    for part in path_parts(field_path):
+        node = step(node, part, field_path)
+        if node is None:
+            return None
+    return node
+
+
+def set_scalar(manifest: Manifest, field_path: str, value: str | int | float | bool) -> None:
+    """Set an existing scalar field to ``value`` keeping the field's type, as kustomize does (it
+    copies the text and keeps the YAML tag): "8081" into an integer field lands as 8081."""
+    *parents, last = path_parts(field_path)
+    node: Any = manifest
+    for part in parents:
+        node = step(node, part, field_path)
+        if node is None:
+            raise ValueError(f"replacement target field {field_path} is missing")
+    old = step(node, last, field_path)
+    if old is None:
+        raise ValueError(f"replacement target field {field_path} is missing")
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(old, str):
+        new: Any = text
+    elif isinstance(old, int) and not isinstance(old, bool):
+        if not re.fullmatch(r"[-+]?[0-9]+", text):
+            raise ValueError(f"{field_path}: {text!r} into an integer field")
+        new = int(text)
+    else:
+        raise Unsupported(f"{field_path}: replacing a {type(old).__name__} value")
+    if isinstance(node, list):
+        node[int(last)] = new
+    else:
+        node[last] = new

@@ -25,7 +25,16 @@ from prometheus_client import CollectorRegistry
 from bridge import __version__
 from bridge.config import Config, load_config
 from bridge.health import health_app
-from tests.k8s_render import Manifest, containers, find, load_documents, one, render
+from tests.k8s_render import (
+    Manifest,
+    Unsupported,
+    containers,
+    find,
+    is_local_config,
+    load_documents,
+    one,
+    render,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -329,10 +338,54 @@ def test_kafka_bootstrap_comes_from_a_rendered_configmap(rendered: Rendered) -> 
 
 # ---- NetworkPolicy ---------------------------------------------------------------------------
 
+# The local-config ConfigMap with the NetworkPolicy's Kafka and registry ranges (never rendered).
+NETWORK_PARAMETERS = K8S / "base" / "network-parameters.yaml"
+NETWORK_CONFIGMAP = "bridge-network"
+# The base's placeholders lie in TEST-NET-1 (RFC 5737): documentation only, never routed.
+PLACEHOLDER_NETWORK = ipaddress.IPv4Network("192.0.2.0/24")
+KUBE_DNS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
 
-def test_network_policy_allows_only_metrics_in_and_dns_kafka_https_out(rendered: Rendered) -> None:
-    policy = one(rendered.manifests, "NetworkPolicy")["spec"]
-    pod_labels = rendered.deployment()["spec"]["template"]["metadata"]["labels"]
+
+def kustomization_of(directory: Path) -> dict[str, Any]:
+    kustomization: dict[str, Any] = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    return kustomization
+
+
+def network_parameters(overlay: str) -> dict[str, str]:
+    """The bridge-network values a kustomization sets, read from its files rather than rendered:
+    the base's network-parameters.yaml, then the overlay's ``behavior: merge`` literals."""
+    (base,) = load_documents(NETWORK_PARAMETERS)
+    assert base["metadata"]["name"] == NETWORK_CONFIGMAP
+    data: dict[str, str] = dict(base["data"])
+    if overlay != "base":
+        for generator in kustomization_of(OVERLAYS[overlay]).get("configMapGenerator", []):
+            if generator["name"] == NETWORK_CONFIGMAP:
+                assert generator["behavior"] == "merge"
+                data.update(literal.split("=", 1) for literal in generator["literals"])
+    return data
+
+
+def egress_rule(policy: dict[str, Any], port: int, protocol: str = "TCP") -> dict[str, Any]:
+    """The one egress rule that opens ``port``."""
+    (rule,) = [
+        rule
+        for rule in policy["egress"]
+        if {"port": port, "protocol": protocol} in rule.get("ports", [])
+    ]
+    result: dict[str, Any] = rule
+    return result
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_network_policy_allows_only_metrics_in_and_dns_kafka_registry_https_out(
+    overlay: str,
+) -> None:
+    manifests = render(OVERLAYS[overlay])
+    policy = one(manifests, "NetworkPolicy")["spec"]
+    pod_labels = one(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert labels_select(policy["podSelector"], pod_labels)
     assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
     assert [rule["ports"] for rule in policy["ingress"]] == [
@@ -340,23 +393,273 @@ def test_network_policy_allows_only_metrics_in_and_dns_kafka_https_out(rendered:
     ]
     assert all("from" not in rule for rule in policy["ingress"])
 
-    egress = {
-        (port["port"], port["protocol"]): rule.get("to")
-        for rule in policy["egress"]
-        for port in rule["ports"]
-    }
-    assert {(53, "UDP"), (53, "TCP"), (9092, "TCP"), (9093, "TCP"), (443, "TCP")} == set(egress)
-    brokers = one(rendered.manifests, "ConfigMap", "bridge-kafka")["data"][
-        "KAFKA_BOOTSTRAP_SERVERS"
+    # Every egress rule names its peers and its ports: no rule opens a port to any address.
+    for rule in policy["egress"]:
+        assert rule.get("to"), f"egress rule without peers (any address): {rule}"
+        assert rule.get("ports"), f"egress rule without ports (every port): {rule}"
+    parameters = network_parameters(overlay)
+    registry_port = int(parameters["REGISTRY_PORT"])
+    opened = [
+        (port["port"], port["protocol"]) for rule in policy["egress"] for port in rule["ports"]
     ]
-    for broker in brokers.split(","):
-        assert (int(broker.rpartition(":")[2]), "TCP") in egress
+    assert sorted(opened, key=str) == sorted(
+        [
+            (53, "UDP"),
+            (53, "TCP"),
+            (9092, "TCP"),
+            (9093, "TCP"),
+            (registry_port, "TCP"),
+            (443, "TCP"),
+        ],
+        key=str,
+    )
 
-    blocks = [peer["ipBlock"] for peer in egress[(443, "TCP")]]
+    dns = egress_rule(policy, 53, "UDP")
+    assert dns["to"] == [KUBE_DNS_PEER], "DNS only to the cluster DNS"
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+
+    kafka = egress_rule(policy, 9092)
+    assert kafka["to"] == [{"ipBlock": {"cidr": parameters["KAFKA_CIDR"]}}]
+    assert kafka["ports"] == [{"port": 9092, "protocol": "TCP"}, {"port": 9093, "protocol": "TCP"}]
+    brokers = one(manifests, "ConfigMap", "bridge-kafka")["data"]["KAFKA_BOOTSTRAP_SERVERS"]
+    for broker in brokers.split(","):
+        assert {"port": int(broker.rpartition(":")[2]), "protocol": "TCP"} in kafka["ports"]
+
+    registry = egress_rule(policy, registry_port)
+    assert registry["to"] == [{"ipBlock": {"cidr": parameters["REGISTRY_CIDR"]}}]
+    assert registry["ports"] == [{"port": registry_port, "protocol": "TCP"}]
+    # An integer: the string "8081" would be a (malformed) port name.
+    assert type(registry["ports"][0]["port"]) is int
+
+    blocks = [peer["ipBlock"] for peer in egress_rule(policy, 443)["to"]]
     ipv4 = next(block for block in blocks if block["cidr"] == "0.0.0.0/0")
-    excluded = [ipaddress.ip_network(cidr) for cidr in ipv4["except"]]
+    excluded = [ipaddress.IPv4Network(cidr) for cidr in ipv4["except"]]
     for private in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"):
-        assert any(ipaddress.ip_network(private).subnet_of(net) for net in excluded), private
+        assert any(ipaddress.IPv4Network(private).subnet_of(net) for net in excluded), private
+
+
+def test_network_ranges_are_placeholders_in_the_base_and_set_in_production() -> None:
+    base, production = network_parameters("base"), network_parameters("production")
+    assert set(base) == set(production) == {"KAFKA_CIDR", "REGISTRY_CIDR", "REGISTRY_PORT"}
+    for key in ("KAFKA_CIDR", "REGISTRY_CIDR"):
+        assert ipaddress.IPv4Network(base[key]).subnet_of(PLACEHOLDER_NETWORK), key
+        network = ipaddress.ip_network(production[key])  # strict: no host bits set
+        assert network.prefixlen > 0, f"{key}: any address"
+        assert not network.overlaps(PLACEHOLDER_NETWORK), f"{key}: still the placeholder"
+        assert ipaddress.ip_address("169.254.169.254") not in network, f"{key}: cloud metadata"
+    for parameters in (base, production):
+        assert 0 < int(parameters["REGISTRY_PORT"]) < 65536
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_network_parameters_are_local_config_and_not_rendered(overlay: str) -> None:
+    manifests = render(OVERLAYS[overlay])
+    assert not find(manifests, "ConfigMap", NETWORK_CONFIGMAP)
+    assert not [m for m in manifests if is_local_config(m)]
+    internal = one(
+        render(OVERLAYS[overlay], include_local_config=True), "ConfigMap", NETWORK_CONFIGMAP
+    )
+    assert internal["metadata"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
+    assert internal["data"] == network_parameters(overlay)
+
+
+def test_every_kustomization_setting_network_ranges_repeats_the_base_replacements() -> None:
+    """Kustomize runs a kustomization's replacements when it builds that kustomization, so values an
+    overlay merges into bridge-network reach the NetworkPolicy only through its own copy."""
+    base = kustomization_of(OVERLAYS["base"])["replacements"]
+    assert {r["source"]["name"] for r in base} == {NETWORK_CONFIGMAP}
+    setting = [
+        path.parent
+        for path in K8S.rglob("kustomization.yaml")
+        if any(
+            generator["name"] == NETWORK_CONFIGMAP
+            for generator in kustomization_of(path.parent).get("configMapGenerator", [])
+        )
+    ]
+    assert OVERLAYS["production"] in setting
+    for directory in setting:
+        assert kustomization_of(directory).get("replacements") == base, directory
+
+
+# ---- the test renderer: replacements and local-config objects -----------------------------------
+
+
+def write_kustomization(
+    directory: Path, kustomization: dict[str, Any], resources: dict[str, Manifest]
+) -> Path:
+    """A kustomization directory with one file per resource (listed first in ``resources``)."""
+    directory.mkdir(parents=True)
+    for name, manifest in resources.items():
+        (directory / name).write_text(yaml.safe_dump(manifest))
+    listed = [*resources, *kustomization.get("resources", [])]
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump({**kustomization, "resources": listed})
+    )
+    return directory
+
+
+def parameters_configmap(cidr: str, port: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "params",
+            "annotations": {"config.kubernetes.io/local-config": "true"},
+        },
+        "data": {"CIDR": cidr, "PORT": port},
+    }
+
+
+def small_policy() -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "policy"},
+        "spec": {
+            "podSelector": {},
+            "egress": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/32"}}], "ports": [{"port": 9092}]}],
+        },
+    }
+
+
+def replacement(field: str, *paths: str) -> dict[str, Any]:
+    return {
+        "source": {"kind": "ConfigMap", "name": "params", "fieldPath": f"data.{field}"},
+        "targets": [
+            {"select": {"kind": "NetworkPolicy", "name": "policy"}, "fieldPaths": [*paths]}
+        ],
+    }
+
+
+REPLACEMENTS = [
+    replacement("CIDR", "spec.egress.0.to.0.ipBlock.cidr"),
+    replacement("PORT", "spec.egress.0.ports.0.port"),
+]
+
+
+def small_base(directory: Path, **changes: Any) -> Path:
+    """A base: the parameters ConfigMap, a NetworkPolicy, and the replacements between them."""
+    return write_kustomization(
+        directory,
+        {"replacements": REPLACEMENTS, **changes},
+        {
+            "params.yaml": parameters_configmap("198.51.100.0/24", "8443"),
+            "policy.yaml": small_policy(),
+        },
+    )
+
+
+def rendered_egress(manifests: list[Manifest]) -> tuple[str, Any]:
+    (rule,) = one(manifests, "NetworkPolicy")["spec"]["egress"]
+    return rule["to"][0]["ipBlock"]["cidr"], rule["ports"][0]["port"]
+
+
+def test_renderer_replacements_copy_values_keeping_the_field_type(tmp_path: Path) -> None:
+    base = small_base(tmp_path / "base")
+    manifests = render(base)
+    assert rendered_egress(manifests) == ("198.51.100.0/24", 8443)
+    assert type(rendered_egress(manifests)[1]) is int
+    assert not find(manifests, "ConfigMap"), "the local-config source is not rendered"
+    assert one(render(base, include_local_config=True), "ConfigMap", "params")["data"]["PORT"] == (
+        "8443"
+    )
+
+
+@pytest.mark.parametrize(("annotation", "local"), [("true", True), ("false", False), (None, False)])
+def test_renderer_drops_local_config_unless_false(annotation: str | None, local: bool) -> None:
+    metadata: dict[str, Any] = {"name": "params"}
+    if annotation is not None:
+        metadata["annotations"] = {"config.kubernetes.io/local-config": annotation}
+    assert is_local_config({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}) is local
+
+
+def test_renderer_overlay_values_reach_targets_only_through_overlay_replacements(
+    tmp_path: Path,
+) -> None:
+    """As in kustomize: the base's replacements ran with the base's value; an overlay that merges a
+    new value must run the replacements again, and its merge runs before its replacements."""
+    small_base(tmp_path / "base")
+    merge = [
+        {"name": "params", "behavior": "merge", "literals": ["CIDR=203.0.113.8/29", "PORT=9443"]}
+    ]
+    without = write_kustomization(
+        tmp_path / "without", {"resources": ["../base"], "configMapGenerator": merge}, {}
+    )
+    with_replacements = write_kustomization(
+        tmp_path / "with",
+        {
+            "resources": ["../base"],
+            "namespace": "elsewhere",
+            "configMapGenerator": merge,
+            "replacements": REPLACEMENTS,
+        },
+        {},
+    )
+    assert rendered_egress(render(without)) == ("198.51.100.0/24", 8443)
+    assert rendered_egress(render(with_replacements)) == ("203.0.113.8/29", 9443)
+    assert not find(render(with_replacements), "ConfigMap")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"targets": [{**REPLACEMENTS[0]["targets"][0], "options": {"delimiter": "/", "index": 0}}]},
+        {"targets": [{**REPLACEMENTS[0]["targets"][0], "options": {"create": True}}]},
+        {"targets": [{**REPLACEMENTS[0]["targets"][0], "reject": [{"kind": "Deployment"}]}]},
+        {"source": {**REPLACEMENTS[0]["source"], "options": {"delimiter": "/", "index": 0}}},
+        {"source": {"kind": "ConfigMap", "name": "params"}},
+        {
+            "targets": [
+                {"select": {"kind": "NetworkPolicy", "labelSelector": "a=b"}, "fieldPaths": ["a"]}
+            ]
+        },
+        {
+            "targets": [
+                {"select": {"kind": "NetworkPolicy"}, "fieldPaths": ["spec.egress.[a=b].to"]}
+            ]
+        },
+        {"targets": [{"select": {"kind": "NetworkPolicy"}, "fieldPaths": ["spec.egress.*.to"]}]},
+        {"source": {"kind": "ConfigMap", "name": "params", "fieldPath": "data"}},
+    ],
+)
+def test_renderer_rejects_unsupported_replacement_features(
+    tmp_path: Path, change: dict[str, Any]
+) -> None:
+    base = small_base(tmp_path / "base", replacements=[{**REPLACEMENTS[0], **change}])
+    with pytest.raises(Unsupported):
+        render(base)
+
+
+def test_renderer_rejects_a_replacement_file(tmp_path: Path) -> None:
+    base = small_base(tmp_path / "base", replacements=[{"path": "replacements.yaml"}])
+    with pytest.raises(Unsupported):
+        render(base)
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        (replacement("CIDR", "spec.egress.0.to.1.ipBlock.cidr"), "missing"),
+        (replacement("CIDR", "spec.ingress.0.from"), "missing"),
+        (replacement("MISSING", "spec.egress.0.to.0.ipBlock.cidr"), "missing"),
+        (replacement("CIDR", "spec.egress.0.ports.0.port"), "integer field"),
+        (replacement("CIDR", "spec.egress.to"), "field to of a list"),
+        (
+            {**REPLACEMENTS[0], "targets": [{"select": {"kind": "Service"}, "fieldPaths": ["a"]}]},
+            "selects nothing",
+        ),
+        ({**REPLACEMENTS[0], "source": {"kind": "Secret", "fieldPath": "data.a"}}, "selects 0"),
+    ],
+)
+def test_renderer_refuses_replacements_that_cannot_apply(
+    tmp_path: Path, broken: dict[str, Any], message: str
+) -> None:
+    """Missing fields and unconvertible values fail as in kustomize v5 (checked with kubectl
+    kustomize 1.32); a target selecting nothing, which kustomize skips, fails here too, so a typo
+    cannot leave a placeholder in place unnoticed."""
+    base = small_base(tmp_path / "base", replacements=[broken])
+    with pytest.raises(ValueError, match=message):
+        render(base)
 
 
 # ---- Dockerfile --------------------------------------------------------------------------------
