@@ -137,6 +137,13 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
+        self.delivery_errors = Counter(
+            "bridge_delivery_errors",
+            "Delivery attempts ended by the engine's guard instead of the HTTP client, by kind "
+            "(deadline_exceeded, internal_error); each became a not-received outcome.",
+            ["kind"],
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "bridge_deliveries_in_flight",
             "Deliveries started and not yet finished.",

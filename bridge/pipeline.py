@@ -28,6 +28,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
 
+from bridge.attempt import INTERNAL_ERROR, guarded_attempt
 from bridge.config import Config, Webhook
 from bridge.consumer import TP, ThreadedConsumer
 from bridge.decoding import Decoder
@@ -491,10 +492,11 @@ class Pipeline:
     async def _deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
         """Run one delivery; its record counts as finished only if the delivery settled.
 
-        Settled means received, or durably written to a delay or dead-letter topic. A delivery
-        that is cancelled (partitions revoked) or fails unexpectedly leaves its record unfinished,
-        so its offset is never committed and the record is delivered again by whoever consumes
-        it next.
+        Settled means received, or durably written to a delay or dead-letter topic. The attempt
+        itself cannot hang or raise (:func:`guarded_attempt`); should anything after it fail
+        unexpectedly, the delivery is judged not received and goes up the ladder, so the commit
+        still moves. A delivery that is cancelled (partitions revoked) leaves its record
+        unfinished: its offset is not committed and whoever consumes it next delivers it again.
         """
         self.in_flight += 1
         self.metrics.in_flight.inc()
@@ -504,14 +506,15 @@ class Pipeline:
             if not self.handing_off:
                 raise
             await self._hand_off(delivery)
-        except Exception:
-            log.exception(
-                "delivery.crashed",
-                extra={
-                    "fields": {"webhook": delivery.webhook_id, "webhook_id": delivery.message_id}
-                },
-            )
-            return
+        except Exception as exc:
+            self.metrics.delivery_errors.labels(INTERNAL_ERROR).inc()
+            log.exception("delivery.crashed", extra={"fields": _ids(delivery)})
+            try:
+                crashed = Outcome(None, INTERNAL_ERROR, 0.0, type(exc).__name__)
+                await self._not_received(delivery, webhook, crashed)
+            except Exception:
+                log.exception("delivery.unsettled", extra={"fields": _ids(delivery)})
+                return
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
@@ -528,8 +531,15 @@ class Pipeline:
             return
         answered = False
         try:
-            request = build_request(webhook, delivery.message_id, delivery.body, int(time.time()))
-            outcome = await self.sender.send(request, webhook.timeout_seconds)
+            outcome = await guarded_attempt(
+                self.sender.send,
+                lambda: build_request(
+                    webhook, delivery.message_id, delivery.body, int(time.time())
+                ),
+                webhook.timeout_seconds,
+                self._guard_ended,
+                lambda: _ids(delivery),
+            )
             answered = outcome.status is not None
         finally:
             lane.release(answered)
@@ -537,6 +547,9 @@ class Pipeline:
             self._received(delivery, webhook, outcome)
         else:
             await self._not_received(delivery, webhook, outcome)
+
+    def _guard_ended(self, kind: str) -> None:
+        self.metrics.delivery_errors.labels(kind).inc()
 
     def _received(self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome) -> None:
         assert outcome.status is not None
@@ -657,13 +670,13 @@ class Pipeline:
             try:
                 await self.producer.send(topic, value, key, headers)
                 return
-            except ProduceError as exc:
+            except Exception as exc:  # ProduceError, or anything the client raises: try again
                 self.metrics.produce_failures.labels(kind).inc()
                 delay = PRODUCE_BACKOFF_S[min(failures, len(PRODUCE_BACKOFF_S) - 1)]
                 failures += 1
                 log.warning(
                     "produce.failed",
-                    extra={"fields": {"topic": topic, "error": str(exc), "retry_in_s": delay}},
+                    extra={"fields": {"topic": topic, "error": _short(exc), "retry_in_s": delay}},
                 )
                 await asyncio.sleep(delay)
 
@@ -813,6 +826,15 @@ class Pipeline:
 
 def _names(tps: Iterable[TP]) -> str:
     return ",".join(f"{topic}/{partition}" for topic, partition in sorted(tps))
+
+
+def _short(exc: Exception) -> str:
+    """A ProduceError's text (the broker's words); for anything else only the type."""
+    return str(exc)[:300] if isinstance(exc, ProduceError) else type(exc).__name__
+
+
+def _ids(delivery: PendingDelivery) -> dict[str, Any]:
+    return {"webhook": delivery.webhook_id, "webhook_id": delivery.message_id}
 
 
 def _fields(delivery: PendingDelivery, outcome: Outcome) -> dict[str, Any]:
