@@ -88,6 +88,7 @@ class App:
             metrics=self.metrics,
         )
         self.stop_requested = asyncio.Event()
+        self.watcher = ConfigWatcher(config, self._apply, self._rejected)
 
     def _on_stats(self, stats_json: str) -> None:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
@@ -106,13 +107,15 @@ class App:
             "consuming": not self.pipeline.stopping,
         }
 
+    def config_state(self) -> dict[str, object]:
+        """The ``config`` part of ``/readyz``: whether the file on disk is the one in force."""
+        rejected = self.watcher.rejected
+        return {"path": str(self.config.path), "in_force": not rejected, "rejected": rejected}
+
     def _apply(self, config: Config) -> None:
-        try:
-            self.pipeline.apply_config(config)
-        except Exception:  # keep watching: the old webhook set stays in force
-            log.exception("config.apply_failed")
-            self._rejected(None)
-            return
+        """Apply a reloaded configuration (raising leaves the old one in force: the watcher
+        counts it as rejected)."""
+        self.pipeline.apply_config(config)
         self.metrics.config_reloads.labels("applied").inc()
         self.metrics.config_reload_ok.set(1)
         frozen = [
@@ -126,7 +129,7 @@ class App:
                 extra={"fields": {"sections": frozen, "applied": "webhooks only"}},
             )
 
-    def _rejected(self, error: ConfigError | None) -> None:
+    def _rejected(self, error: ConfigError) -> None:
         self.metrics.config_reloads.labels("rejected").inc()
         self.metrics.config_reload_ok.set(0)
 
@@ -142,7 +145,9 @@ class App:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         runner = await start_health_server(
-            health_app(self.registry, lambda: self.pipeline.last_loop, self.readiness),
+            health_app(
+                self.registry, lambda: self.pipeline.last_loop, self.readiness, self.config_state
+            ),
             self.config.metrics.host,
             self.config.metrics.port,
         )
@@ -151,8 +156,7 @@ class App:
         # and stop adding tens of milliseconds to deliveries that happen to wait on one.
         gc.collect()
         gc.freeze()
-        watcher = ConfigWatcher(self.config, self._apply, self._rejected)
-        watch_task = asyncio.create_task(watcher.run())
+        watch_task = asyncio.create_task(self.watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())
         log.info(
             "bridge.started",

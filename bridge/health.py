@@ -4,7 +4,9 @@
   process answers 503 and Kubernetes restarts it.
 - ``/readyz`` (readiness): 200 when the configuration is loaded, a broker is reachable, and the
   consumer is assigned partitions or waiting for an assignment in a healthy group; 503 otherwise,
-  with the failing checks in the body.
+  with the failing checks in the body. The body's ``config`` part says whether the file on disk
+  is in force and, while a changed file is rejected, its problems (the bridge stays ready: it
+  keeps delivering with the configuration in force).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def health_app(
     registry: CollectorRegistry,
     last_loop: Callable[[], float],
     readiness: Callable[[], dict[str, bool]],
+    config_state: Callable[[], dict[str, object]] = dict,
 ) -> web.Application:
     """The aiohttp application serving the three endpoints."""
 
@@ -41,7 +44,7 @@ def health_app(
         checks = readiness()
         ok = all(checks.values())
         return web.Response(
-            text=json.dumps({"ready": ok, "checks": checks}),
+            text=json.dumps({"ready": ok, "checks": checks, "config": config_state()}),
             status=200 if ok else 503,
             content_type="application/json",
         )

@@ -6,6 +6,12 @@ atomic swap of the ``..data`` symlink) alike. A changed, valid configuration is 
 ``on_change``; an invalid one is logged and handed to ``on_error``, and the current one stays in
 force. While the file stays invalid it is reloaded on every poll, so a secret file that appears
 later completes it, but the same problems are reported only once.
+
+The watcher survives everything: a file that makes the loader or ``on_change`` fail in a way
+nobody foresaw is rejected like an invalid one (its problem names the exception type, never its
+message), and the next good file still applies. :attr:`ConfigWatcher.rejected` holds the problems
+of the file on disk while it is rejected (for ``/readyz``), and is empty once a good file is in
+force again, including the one in force before.
 """
 
 from __future__ import annotations
@@ -50,12 +56,17 @@ class ConfigWatcher:
         self._reported: list[str] | None = None  # problems of the rejected file, while it is bad
 
     @property
+    def rejected(self) -> list[str]:
+        """The problems of the file on disk while it is rejected; empty when it is in force."""
+        return list(self._reported or ())
+
+    @property
     def current(self) -> Config:
         """The configuration in force."""
         return self._current
 
     async def run(self) -> None:
-        """Poll every ``interval_seconds`` until cancelled."""
+        """Poll every ``interval_seconds`` until cancelled; no file can end the loop."""
         while True:
             await asyncio.sleep(self._interval)
             await self.poll()
@@ -63,6 +74,8 @@ class ConfigWatcher:
     async def poll(self) -> None:
         """Check the files once; reload, then call ``on_change`` or ``on_error`` as needed."""
         result = await asyncio.to_thread(self._reload_if_changed)
+        if isinstance(result, Config):
+            result = self._apply(result)
         if isinstance(result, ConfigError):
             if result.problems == self._reported:
                 return
@@ -72,23 +85,45 @@ class ConfigWatcher:
                 extra={"fields": {"path": result.path, "problems": result.problems}},
             )
             self._on_error(result)
-            return
+
+    def _apply(self, config: Config) -> ConfigError | None:
+        """Hand a valid configuration over unless it is the one in force (then, after a rejected
+        file, only say that it is in force again); a failing hand-over is a rejection."""
+        recovered = self._reported is not None
+        if config.sources == self._current.sources and not recovered:
+            return None
+        try:
+            self._on_change(config)
+        except Exception as exc:
+            return _internal(config.path, "applying", exc)
         self._reported = None
-        if result is None or result.sources == self._current.sources:
-            return
-        self._current = result
+        self._current = config
         log.info(
             "config.reloaded",
-            extra={"fields": {"path": str(result.path), "webhooks": len(result.webhooks)}},
+            extra={"fields": {"path": str(config.path), "webhooks": len(config.webhooks)}},
         )
-        self._on_change(result)
+        return None
 
     def _reload_if_changed(self) -> Config | ConfigError | None:
         """Runs in a thread: the new configuration or its error, None when nothing changed."""
-        unchanged = all(_fingerprint(path) == digest for path, digest in self._current.sources)
-        if unchanged and self._reported is None:
-            return None
+        path = self._current.path
         try:
-            return load_config(self._current.path, self._environ)
+            unchanged = all(
+                _fingerprint(source) == digest for source, digest in self._current.sources
+            )
+            if unchanged and self._reported is None:
+                return None
+            return load_config(path, self._environ)
         except ConfigError as exc:
             return exc
+        except Exception as exc:
+            return _internal(path, "reading", exc)
+
+
+def _internal(path: Path, doing: str, exc: Exception) -> ConfigError:
+    """A failure nobody foresaw, as a rejection naming its type (never its message)."""
+    log.error(
+        "config.reload_failed", extra={"fields": {"doing": doing, "error": type(exc).__name__}}
+    )
+    problem = f"{path}: internal error while {doing} the configuration ({type(exc).__name__})"
+    return ConfigError(str(path), [problem])

@@ -180,3 +180,84 @@ def test_a_secret_file_that_appears_later_completes_a_rejected_file(tmp_path: Pa
     asyncio.run(scenario())
     assert [c.webhooks[0].secret.reveal() for c in recorder.changes] == [b"arrived"]
     assert len(recorder.errors) == 1
+
+
+def test_the_watcher_survives_failures_nobody_foresaw_and_applies_the_next_good_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    recorder = Recorder(path)
+    original = recorder.watcher.current
+    import bridge.reload
+
+    def explode(*_args: object) -> Config:
+        raise KeyError("hunter2-secret-value")
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recorder.watcher.run())
+        try:
+            with monkeypatch.context() as patch:
+                patch.setattr(bridge.reload, "load_config", explode)
+                path.write_text(config_text(url="https://crash.example/hook"))
+                await wait_until(lambda: bool(recorder.errors))
+            assert not task.done(), "the watcher's loop ended"
+            assert recorder.watcher.current is original
+            assert recorder.watcher.rejected == recorder.errors[0].problems
+            path.write_text(config_text(url="https://good.example/hook"))
+            await wait_until(lambda: bool(recorder.changes))
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    (error,) = recorder.errors
+    assert error.problems == [f"{path}: internal error while reading the configuration (KeyError)"]
+    assert "hunter2" not in str(error)
+    assert [c.webhooks[0].url for c in recorder.changes] == ["https://good.example/hook"]
+    assert recorder.watcher.rejected == []
+
+
+def test_a_failing_hand_over_is_a_rejection_and_the_old_config_stays(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    errors: list[ConfigError] = []
+    applied: list[Config] = []
+    fail = [True]
+
+    def on_change(config: Config) -> None:
+        if fail[0]:
+            raise RuntimeError("apply failed")
+        applied.append(config)
+
+    watcher = ConfigWatcher(load_config(path, {}), on_change, errors.append, environ={})
+    original = watcher.current
+
+    async def scenario() -> None:
+        path.write_text(config_text(url="https://two.example/hook"))
+        await watcher.poll()
+        assert watcher.current is original and len(errors) == 1
+        assert "internal error while applying the configuration (RuntimeError)" in str(errors[0])
+        fail[0] = False
+        await watcher.poll()  # the same file, tried again: now it applies
+
+    asyncio.run(scenario())
+    assert [c.webhooks[0].url for c in applied] == ["https://two.example/hook"]
+    assert watcher.current is applied[0] and watcher.rejected == []
+
+
+def test_going_back_to_the_file_in_force_clears_the_rejection(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    good = config_text()
+    path.write_text(good)
+    recorder = Recorder(path)
+
+    async def scenario() -> None:
+        path.write_text(config_text(url="http://[::1/x"))
+        await recorder.watcher.poll()
+        assert recorder.watcher.rejected and len(recorder.errors) == 1
+        path.write_text(good)
+        await recorder.watcher.poll()
+
+    asyncio.run(scenario())
+    assert recorder.watcher.rejected == []
+    assert len(recorder.changes) == 1, "the file in force again is reported (metrics say ok)"
