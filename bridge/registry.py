@@ -4,6 +4,9 @@ Schemas by id are immutable, so every fetched schema is kept for the life of the
 id the registry does not know is a bad record (:class:`DecodeError`, reason ``unknown_schema_id``);
 a registry that cannot answer is :class:`RegistryUnavailableError`, which is retriable, so good
 records are never dead-lettered because the registry is down.
+
+Error messages name the registry by :func:`display_url` (no userinfo, no query string) and never
+repeat credentials: basic-auth credentials are passed as ``auth``, never in the URL.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -36,7 +39,8 @@ class SchemaRegistryClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         """Connect lazily to ``base_url``, which may carry a path such as ``/apis/ccompat/v7``."""
-        self.base_url = base_url
+        self.base_url = display_url(base_url)
+        self._secrets = [part for part in (*(auth or ()), _userinfo(base_url)) if part]
         self._schemas_by_id: dict[int, AvroSchema] = {}
         self._http = httpx.Client(
             base_url=base_url,
@@ -113,8 +117,26 @@ class SchemaRegistryClient:
         except httpx.RequestError as exc:
             raise RegistryUnavailableError(
                 f"schema registry at {self.base_url} unreachable ({method} {path}): "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+                f"{type(exc).__name__}: {self._masked(str(exc))}"
+            ) from None
+
+    def _masked(self, text: str) -> str:
+        """``text`` with every credential of this client replaced by ``***``."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def display_url(url: str) -> str:
+    """``url`` as it may be shown: without userinfo and query string."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _userinfo(url: str) -> str:
+    netloc = urlsplit(url).netloc
+    return netloc.rpartition("@")[0] if "@" in netloc else ""
 
 
 def _error_code(response: httpx.Response) -> object:

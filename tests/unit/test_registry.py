@@ -248,3 +248,16 @@ def test_decoder_keeps_good_records_when_the_registry_is_down(
         decoder = Decoder(reader_schema, registry=down)
         with pytest.raises(RegistryUnavailableError):
             decoder.decode(encode_confluent(1, reader_schema, make_record()))
+
+
+def test_registry_errors_never_carry_credentials_or_the_query_string() -> None:
+    port = unused_port()
+    url = f"http://alice:url-pass-1@127.0.0.1:{port}/ccompat?apikey=query-token-2"
+    client = SchemaRegistryClient(url, timeout=1.0, auth=("bob", "auth-pass-3"))
+    with pytest.raises(RegistryUnavailableError) as caught:
+        client.fetch(7)
+    text = str(caught.value)
+    assert f"schema registry at http://127.0.0.1:{port}/ccompat unreachable" in text
+    for secret in ("alice", "url-pass-1", "query-token-2", "auth-pass-3"):
+        assert secret not in text
+    assert caught.value.__cause__ is None, "the library's error (which may hold the URL) is dropped"
