@@ -19,10 +19,10 @@ HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}
 
 
 def test_request_is_rendered_byte_for_byte() -> None:
-    target = Target.parse("https://hooks.example.com/in/bound?x=1&y=a b")
+    target = Target.parse("https://hooks.example.com/in/bound?x=1&y=ä")
     assert (target.scheme, target.host, target.port) == ("https", "hooks.example.com", 443)
     assert render_request(target, HEADERS, b'{"a":1}') == (
-        b"POST /in/bound?x=1&y=a%20b HTTP/1.1\r\nHost: hooks.example.com\r\nAccept: */*\r\n"
+        b"POST /in/bound?x=1&y=%C3%A4 HTTP/1.1\r\nHost: hooks.example.com\r\nAccept: */*\r\n"
         b"Content-Type: application/json\r\nwebhook-id: msg_1\r\n"
         b'Content-Length: 7\r\n\r\n{"a":1}'
     )
@@ -40,6 +40,43 @@ def test_targets_name_port_ipv6_and_international_hosts() -> None:
     assert idn.head.startswith(b"POST /%C3%BC HTTP/1.1\r\nHost: xn--bcher-kva.example\r\n")
     with pytest.raises(HttpError, match="invalid_request"):
         Target.parse("ftp://h.example/")
+
+
+def test_international_hosts_are_encoded_by_idna_2008() -> None:
+    """Python's IDNA 2003 codec makes faß.de fass.de, another host: the client must not."""
+    target = Target.parse("https://faß.de/")
+    assert target.host == "xn--fa-hia.de"
+    assert target.head.startswith(b"POST / HTTP/1.1\r\nHost: xn--fa-hia.de\r\n")
+    assert Target.parse("http://Straße.EXAMPLE:8080/").head.startswith(
+        b"POST / HTTP/1.1\r\nHost: xn--strae-oqa.example:8080\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "detail"),
+    [
+        ("http://a\x00b.example/", "contains a control character (U+0000) at position 8"),
+        ("http://h.example/\x7f", "contains a control character (U+007F) at position 17"),
+        ("http://h.example/a b", "contains whitespace at position 18"),
+        ("http://user:pw@h.example/", "must not contain userinfo"),
+        ("http://-bad.example/", "host '-bad.example' has an invalid label '-bad'"),
+        ("http://xn--a.example/", "host 'xn--a.example' is not a valid internationalised name"),
+        ("http://a..b/", "host 'a..b' has an empty label"),
+        ("http://127.1/", "host '127.1' ends in a number"),
+        ("http://h.example:99999/", "not a valid URL"),
+    ],
+)
+def test_urls_the_shared_rules_refuse_are_invalid_requests(url: str, detail: str) -> None:
+    with pytest.raises(HttpError) as caught:
+        Target.parse(url)
+    assert caught.value.kind == "invalid_request"
+    assert caught.value.detail.startswith(detail)
+    http = client()
+    with pytest.raises(HttpError) as first:
+        http.target(url)
+    with pytest.raises(HttpError) as second:
+        http.target(url)
+    assert first.value is second.value  # the refusal is cached like a parsed URL
 
 
 @pytest.mark.parametrize("value", ["a\r\nInjected: 1", "a\nb", "a\rb"])

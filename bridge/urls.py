@@ -1,0 +1,141 @@
+"""Webhook URLs: the one place a URL is judged, for the configuration loader and the HTTP client.
+
+:func:`parse_webhook_url` turns a configured URL into the parts a request needs, or raises
+:class:`UrlError` with a sentence naming what is wrong. The rules (pure, no I/O):
+
+- ``http`` or ``https``, an absolute URL with a host; no whitespace or control characters.
+- No userinfo (``user:password@``): credentials in a URL leak into logs and tools, and the bridge
+  would not send them anyway. No fragment (``#...``): it is never sent.
+- The host is an IP literal (IPv6 in brackets, no zone id) or a domain name checked label by
+  label: non-ASCII labels by IDNA 2008 with UTS-46 mapping (the ``idna`` package: ``faß.de`` is
+  ``xn--fa-hia.de``, not ``fass.de`` as Python's IDNA 2003 codec makes it); ASCII labels as
+  letters, digits, ``-`` and ``_``; every label 1 to 63 octets, the name at most 253. A name
+  whose last label is a number (``127.1``, ``0x7f.1``) is refused: resolvers read it as an IPv4
+  address in a legacy form.
+- The port, when given, is 1 to 65535.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import quote, urlsplit
+
+import idna
+
+DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~?"
+MAX_URL_LENGTH: Final = 8192
+
+_ASCII_LABEL: Final = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMERIC_LABEL: Final = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
+_FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f-\x9f]")
+
+
+class UrlError(ValueError):
+    """A URL that cannot be a webhook destination; the message says why (never echoes userinfo)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookUrl:
+    """A webhook URL taken apart: where to connect and what to put in the request line."""
+
+    scheme: str
+    host: str  # ASCII: a lowercase domain name (A-labels), or an IP address without brackets
+    port: int
+    target: str  # the request-target: percent-encoded path and query
+    is_ip: bool
+
+    @property
+    def authority(self) -> str:
+        """The ``Host`` header: the host (IPv6 in brackets) and the port unless it is the
+        scheme's default."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == DEFAULT_PORTS[self.scheme] else f"{host}:{self.port}"
+
+
+def parse_webhook_url(url: str) -> WebhookUrl:
+    """The parts of an absolute http(s) URL, or UrlError naming what is wrong."""
+    if len(url) > MAX_URL_LENGTH:
+        raise UrlError(f"longer than {MAX_URL_LENGTH} characters")
+    forbidden = _FORBIDDEN.search(url)
+    if forbidden is not None:
+        raise UrlError(f"contains {_describe(forbidden.group())} at position {forbidden.start()}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UrlError(f"not a valid URL: {exc}") from None
+    if parts.scheme not in DEFAULT_PORTS:
+        raise UrlError("must be an absolute http:// or https:// URL")
+    if "@" in parts.netloc:
+        raise UrlError(
+            "must not contain userinfo (user:password@): credentials in a URL leak into logs "
+            "and are not sent; authenticate the request by its signature"
+        )
+    if parts.fragment or url.endswith("#"):
+        raise UrlError("must not contain a fragment (#...): it is never sent")
+    if not parts.hostname:
+        raise UrlError("must have a host")
+    if port == 0:
+        raise UrlError("port 0 is not a destination")
+    raw_host = parts.netloc.rpartition(":")[0] if port is not None else parts.netloc
+    host, is_ip = _host(parts.hostname, bracketed=raw_host.startswith("["))
+    target = quote(parts.path or "/", safe=PATH_SAFE)
+    if parts.query:
+        target = f"{target}?{quote(parts.query, safe=PATH_SAFE)}"
+    return WebhookUrl(parts.scheme, host, port or DEFAULT_PORTS[parts.scheme], target, is_ip)
+
+
+def ascii_host(host: str) -> str:
+    """A domain name as lowercase ASCII (IDNA 2008 A-labels), or UrlError naming the fault."""
+    name = host[:-1] if host.endswith(".") else host
+    if not name:
+        raise UrlError("the host name is empty")
+    labels = []
+    for label in name.split("."):
+        if not label:
+            raise UrlError(f"host {host!r} has an empty label")
+        labels.append(_label(label.lower() if label.isascii() else label, host))
+    ascii_name = ".".join(labels)
+    if len(ascii_name) > 253:
+        raise UrlError(f"host name longer than 253 characters ({len(ascii_name)})")
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
+        raise UrlError(f"host {host!r} ends in a number: write an IP address in dotted form")
+    return ascii_name
+
+
+def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
+    if bracketed:
+        if "%" in hostname:
+            raise UrlError("an IPv6 zone id (%...) is not allowed in a webhook URL")
+        try:
+            return str(ipaddress.IPv6Address(hostname)), True
+        except ValueError:
+            raise UrlError(f"[{hostname}] is not an IPv6 address") from None
+    try:
+        return str(ipaddress.IPv4Address(hostname)), True
+    except ValueError:
+        return ascii_host(hostname), False
+
+
+def _label(label: str, host: str) -> str:
+    if label.isascii() and not label.startswith("xn--"):
+        if len(label) > 63:
+            raise UrlError(f"host {host!r} has a label longer than 63 characters")
+        if not _ASCII_LABEL.fullmatch(label):
+            raise UrlError(
+                f"host {host!r} has an invalid label {label!r} "
+                "(letters, digits, '-' and '_'; no '-' at either end)"
+            )
+        return label
+    try:
+        return idna.encode(label, uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise UrlError(f"host {host!r} is not a valid internationalised name: {exc}") from None
+
+
+def _describe(char: str) -> str:
+    return "whitespace" if char.isspace() else f"a control character (U+{ord(char):04X})"
