@@ -30,12 +30,19 @@ log = logging.getLogger("bridge.app")
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
 
 
+def registry_client(config: Config) -> SchemaRegistryClient:
+    """The schema registry client of the ``schemas`` section, with its credentials."""
+    schemas = config.schemas
+    assert schemas.registry_url is not None  # guaranteed by the loader in registry mode
+    auth = None
+    if schemas.registry_username is not None and schemas.registry_password is not None:
+        auth = (schemas.registry_username, schemas.registry_password.reveal().decode("utf-8"))
+    return SchemaRegistryClient(schemas.registry_url, auth=auth)
+
+
 def build_decoder(config: Config) -> Decoder:
     """The decoder the configuration asks for: registry-framed or registry-less."""
-    registry = None
-    if config.schemas.mode == "registry":
-        assert config.schemas.registry_url is not None  # guaranteed by the loader
-        registry = SchemaRegistryClient(config.schemas.registry_url)
+    registry = registry_client(config) if config.schemas.mode == "registry" else None
     return Decoder.from_schema_dir(
         config.schemas.directory,
         registry=registry,

@@ -114,10 +114,9 @@ def produce(
     parsed = fastavro.parse_schema(schema)
     prefix = b""
     if config.schemas.mode == "registry":
-        from bridge.registry import SchemaRegistryClient
+        from bridge.app import registry_client
 
-        assert config.schemas.registry_url is not None
-        with SchemaRegistryClient(config.schemas.registry_url) as registry:
+        with registry_client(config) as registry:
             schema_id = registry.register(f"{config.topics.source}-value", schema)
         prefix = CONFLUENT_MAGIC_BYTE + schema_id.to_bytes(4, "big")
     producer = Producer({**config.kafka_settings(), "acks": "all", "log_level": 3})

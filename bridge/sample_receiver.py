@@ -31,6 +31,7 @@ class Endpoint:
     webhook_id: str
     secret: bytes
     scheme: str
+    standard_webhooks_secret: bytes | None = None
 
 
 @dataclass
@@ -49,7 +50,12 @@ class SampleReceiver:
     def from_config(cls, config: Config, **options: object) -> SampleReceiver:
         """Endpoints for every webhook of ``config``, keyed by the path of its URL."""
         endpoints = {
-            urlsplit(w.url).path or "/": Endpoint(w.id, w.secret.reveal(), w.signature)
+            urlsplit(w.url).path or "/": Endpoint(
+                w.id,
+                w.secret.reveal(),
+                w.signature,
+                w.standard_webhooks_secret.reveal() if w.standard_webhooks_secret else None,
+            )
             for w in config.webhooks
         }
         return cls(endpoints, **options)  # type: ignore[arg-type]
@@ -71,7 +77,13 @@ class SampleReceiver:
             self._print("?", "33", path, "no webhook is configured with this path -> 404")
             return web.Response(status=404)
         try:
-            event = verify(request.headers, body, endpoint.secret, scheme=endpoint.scheme)  # type: ignore[arg-type]
+            event = verify(
+                request.headers,
+                body,
+                endpoint.secret,
+                scheme=endpoint.scheme,  # type: ignore[arg-type]
+                standard_webhooks_secret=endpoint.standard_webhooks_secret,
+            )
         except VerificationError as exc:
             self.counts["rejected"] += 1
             self._print("✗", "31", path, f"signature rejected: {exc} -> 401")

@@ -5,10 +5,16 @@ Every request carries two signatures of the exact body bytes:
 * ``x-service-secret``: lowercase hex HMAC-SHA256 of the body, keyed with the secret's bytes exactly
   as configured (a ``whsec_`` prefix included); or, with ``signature: secret``, the secret itself.
 * ``webhook-signature`` (Standard Webhooks): ``v1,`` + base64 HMAC-SHA256 of
-  ``"{webhook-id}.{webhook-timestamp}." + body``. As the Standard Webhooks libraries do, a secret
-  that starts with ``whsec_`` is keyed with the base64-decoded rest; any other secret is keyed with
-  its raw bytes. During rotation (``previous_secret``) the header holds both signatures,
+  ``"{webhook-id}.{webhook-timestamp}." + body``, keyed by the webhook's
+  ``standard_webhooks_secret`` when it has one, else by its ``secret``. As the Standard Webhooks
+  libraries do, a secret that starts with ``whsec_`` is keyed with the base64-decoded rest; any
+  other secret is keyed with its raw bytes. During rotation (``previous_standard_webhooks_secret``,
+  or ``previous_secret`` when the secret keys it) the header holds both signatures,
   space-separated, current first; ``x-service-secret`` always uses the current secret.
+
+With ``signature: secret`` the secret itself is in ``x-service-secret``, so it never keys
+``webhook-signature`` (anyone who saw the header could forge one): such a webhook must have a
+``standard_webhooks_secret``, and :func:`build_headers` refuses one without.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import TYPE_CHECKING, Final
 from bridge import __version__
 
 if TYPE_CHECKING:
-    from bridge.config import Webhook
+    from bridge.config import Secret, Webhook
 
 USER_AGENT: Final = f"transaction-webhook-bridge/{__version__}"
 """The ``User-Agent`` of every delivery."""
@@ -69,13 +75,31 @@ def standard_signature(key: bytes, message_id: str, timestamp: int, body: bytes)
     return "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii")
 
 
+def standard_webhooks_secrets(webhook: Webhook) -> tuple[Secret, ...]:
+    """The secrets that key ``webhook-signature``, current first.
+
+    ``standard_webhooks_secret`` (and its previous one) when set; else ``secret`` (and
+    ``previous_secret``), except with ``signature: secret``, where the secret is sent as is and
+    must not key it: ValueError then (the configuration loader never builds such a webhook).
+    """
+    if webhook.standard_webhooks_secret is not None:
+        pair = (webhook.standard_webhooks_secret, webhook.previous_standard_webhooks_secret)
+    elif webhook.signature == "secret":
+        raise ValueError(
+            f"webhook {webhook.id!r}: signature 'secret' sends the secret itself, so "
+            "webhook-signature needs a separate standard_webhooks_secret"
+        )
+    else:
+        pair = (webhook.secret, webhook.previous_secret)
+    return tuple(each for each in pair if each is not None)
+
+
 def build_headers(webhook: Webhook, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
     """All headers of one delivery of ``body`` to ``webhook`` (``timestamp`` in Unix seconds)."""
     secret = webhook.secret.reveal()
     signatures = " ".join(
         standard_signature(standard_webhooks_key(each.reveal()), message_id, timestamp, body)
-        for each in (webhook.secret, webhook.previous_secret)
-        if each is not None
+        for each in standard_webhooks_secrets(webhook)
     )
     return {
         "Content-Type": "application/json",

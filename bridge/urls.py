@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import quote, urlsplit
@@ -35,7 +36,13 @@ _FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f-\x9f]")
 
 
 class UrlError(ValueError):
-    """A URL that cannot be a webhook destination; the message says why (never echoes userinfo)."""
+    """A URL that cannot be a webhook destination; the message says why and never echoes the
+    URL's userinfo or port text. ``reason`` is ``"userinfo"`` for a URL with credentials (callers
+    may word that one for their field), else ``"invalid"``."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,30 +70,47 @@ def parse_webhook_url(url: str) -> WebhookUrl:
     forbidden = _FORBIDDEN.search(url)
     if forbidden is not None:
         raise UrlError(f"contains {_describe(forbidden.group())} at position {forbidden.start()}")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise UrlError(f"not a valid URL: {exc}") from None
-    if parts.scheme not in DEFAULT_PORTS:
-        raise UrlError("must be an absolute http:// or https:// URL")
-    if "@" in parts.netloc:
+    if _has_userinfo(url):
         raise UrlError(
             "must not contain userinfo (user:password@): credentials in a URL leak into logs "
-            "and are not sent; authenticate the request by its signature"
+            "and are not sent; authenticate the request by its signature",
+            reason="userinfo",
         )
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # the library's words, without the URL (it may hold userinfo)
+        reason = "malformed IPv6 address" if "IPv6" in str(exc) else "invalid characters"
+        raise UrlError(f"not a valid URL ({reason} in the host)") from None
+    try:
+        port = parts.port
+    except ValueError:
+        raise UrlError("the port is not a number from 1 to 65535") from None
+    if parts.scheme not in DEFAULT_PORTS:
+        raise UrlError("must be an absolute http:// or https:// URL")
     if parts.fragment or url.endswith("#"):
         raise UrlError("must not contain a fragment (#...): it is never sent")
     if not parts.hostname:
         raise UrlError("must have a host")
     if port == 0:
         raise UrlError("port 0 is not a destination")
-    raw_host = parts.netloc.rpartition(":")[0] if port is not None else parts.netloc
-    host, is_ip = _host(parts.hostname, bracketed=raw_host.startswith("["))
+    bracketed = parts.netloc.startswith("[")
+    if bracketed and not re.fullmatch(r"\[[^\]]*\](?::[0-9]*)?", parts.netloc):
+        raise UrlError("an IPv6 address in brackets may only be followed by ':port'")
+    host, is_ip = _host(parts.hostname, bracketed)
     target = quote(parts.path or "/", safe=PATH_SAFE)
     if parts.query:
         target = f"{target}?{quote(parts.query, safe=PATH_SAFE)}"
     return WebhookUrl(parts.scheme, host, port or DEFAULT_PORTS[parts.scheme], target, is_ip)
+
+
+def _has_userinfo(url: str) -> bool:
+    """Whether the authority of ``url`` holds an ``@``, also after NFKC normalisation (a
+    fullwidth commercial at, U+FF20, becomes one in ``urlsplit``'s own check)."""
+    rest = url.partition(":")[2]
+    if not rest.startswith("//"):
+        return False
+    authority = re.split(r"[/?#]", rest[2:], maxsplit=1)[0]
+    return "@" in unicodedata.normalize("NFKC", authority)
 
 
 def ascii_host(host: str) -> str:

@@ -3,6 +3,10 @@
 ``verify(request.headers, raw_body, "my secret")`` returns the notification as a dict, or raises
 :class:`VerificationError` saying why the request must be refused (answer it with a 4xx). Pass the
 exact raw body bytes, before any JSON parsing.
+
+A webhook with ``signature: secret`` (or any webhook with a ``standard_webhooks_secret``) has
+``webhook-signature`` keyed by its ``standard_webhooks_secret``: pass that one too, e.g.
+``verify(headers, raw_body, secret, scheme="secret", standard_webhooks_secret="whsec_...")``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def verify(
     *,
     scheme: Literal["hmac-sha256", "secret"] | None = "hmac-sha256",
     standard_webhooks: bool = True,
+    standard_webhooks_secret: str | bytes | None = None,
     tolerance_seconds: int = 300,
     now: float | None = None,
 ) -> dict[str, Any]:
@@ -35,15 +40,25 @@ def verify(
     ``scheme`` is how the webhook fills ``x-service-secret`` (None: do not check it).
     ``standard_webhooks`` checks ``webhook-signature`` (any of its ``v1`` signatures may match) and
     that ``webhook-timestamp`` is within ``tolerance_seconds`` of ``now`` (default: the clock).
+    ``webhook-signature`` is checked with ``standard_webhooks_secret`` when given, else with
+    ``secret``; with ``scheme="secret"`` it must be given (the bridge never keys
+    ``webhook-signature`` with a secret it sends in a header), else ValueError.
     """
     if scheme is None and not standard_webhooks:
         raise ValueError("nothing to verify: enable scheme or standard_webhooks")
-    key = secret.encode() if isinstance(secret, str) else secret
+    if scheme == "secret" and standard_webhooks and standard_webhooks_secret is None:
+        raise ValueError(
+            "with scheme='secret', webhook-signature is keyed by the webhook's "
+            "standard_webhooks_secret: pass it as standard_webhooks_secret= "
+            "(or standard_webhooks=False)"
+        )
+    key = _bytes(secret)
     lowered = {name.lower(): value for name, value in headers.items()}
     if scheme is not None:
         _check_service_secret(lowered, body, key, scheme)
     if standard_webhooks:
-        _check_standard_webhooks(lowered, body, key, tolerance_seconds, now)
+        standard_key = key if standard_webhooks_secret is None else _bytes(standard_webhooks_secret)
+        _check_standard_webhooks(lowered, body, standard_key, tolerance_seconds, now)
     try:
         payload = json.loads(body)
     except ValueError as exc:
@@ -51,6 +66,10 @@ def verify(
     if not isinstance(payload, dict):
         raise VerificationError("the body is not a JSON object")
     return payload
+
+
+def _bytes(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else secret
 
 
 def _header(headers: Mapping[str, str], name: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from bridge.config import (
     Secret,
     TopicsConfig,
     Webhook,
+    is_kafka_credential,
     load_config,
 )
 from bridge.errors import ConfigError
@@ -59,7 +62,11 @@ def test_example_config_loads_with_its_environment_and_secret_files(tmp_path: Pa
     assert alerts.secret.reveal() == b"alerts-current"
     assert alerts.previous_secret is not None
     assert alerts.previous_secret.reveal() == b"alerts-previous"
-    assert (alerts.signature, alerts.timeout_seconds, alerts.concurrency) == ("secret", 5.0, 8)
+    assert (alerts.signature, alerts.timeout_seconds, alerts.concurrency) == (
+        "hmac-sha256",
+        5.0,
+        8,
+    )
     assert config.delivery.allowed_networks == (ipaddress.ip_network("10.20.0.0/16"),)
     assert config.kafka_settings()["socket.keepalive.enable"] == "true"
     assert [source for source, _ in config.sources] == [
@@ -272,8 +279,7 @@ webhooks:
         "(first defined on line 11)",
         f"{path}:17: webhook 'shop-main': field 'account': expected a string, "
         "got an integer (quote the value)",
-        f"{path}:18: webhook 'shop-main': field 'url': must be an absolute http:// or "
-        "https:// URL with a host",
+        f"{path}:18: webhook 'shop-main': field 'url': must be an absolute http:// or https:// URL",
         f"{path}:19: webhook 'shop-main': field 'events': must name at least one event {expected}",
         f"{path}:21: webhook 'shop-main': field 'timout_seconds': unknown key "
         "(did you mean 'timeout_seconds'?)",
@@ -322,7 +328,7 @@ SINGLE_PROBLEMS = [
     ),
     pytest.param(
         "kafka: {properties: {group.id: other}}\nwebhooks: []\n",
-        "1: field 'kafka.properties': set 'group.id' with kafka.group_id instead",
+        "1: field 'kafka.properties.group.id': set it with kafka.group_id instead",
         id="reserved-property",
     ),
     pytest.param(
@@ -375,7 +381,7 @@ SHOP = "webhook 'shop-main': field"
 WEBHOOK_PROBLEMS = [
     ({"id": "'no spaces'"}, "webhook #1: field 'id': must be 1 to 64 characters among"),
     ({"url": "/relative"}, f"{SHOP} 'url': must be an absolute http:// or https:// URL"),
-    ({"url": "'https://x.example:99999/'"}, f"{SHOP} 'url': invalid port"),
+    ({"url": "'https://x.example:99999/'"}, f"{SHOP} 'url': the port is not a number from 1"),
     ({"url": "'http://10.1.2.3/hook'"}, f"{SHOP} 'url': 10.1.2.3 is a private address"),
     ({"url": "'http://[::1]:8080/'"}, f"{SHOP} 'url': ::1 is a loopback address"),
     ({"events": "transaction.failed"}, f"{SHOP} 'events': expected a list of events"),
@@ -390,7 +396,11 @@ WEBHOOK_PROBLEMS = [
     ({"secret": "'x-${HOOK}'"}, f"{SHOP} 'secret': write ${{NAME}} alone to read an environment"),
     ({"secret": "'whsec_%%%'"}, f"{SHOP} 'secret': the part after 'whsec_' is not valid base64"),
     (
-        {"secret": "'two words'", "signature": "secret"},
+        {
+            "secret": "'two words and enough characters to be long'",
+            "signature": "secret",
+            "standard_webhooks_secret": "other-key",
+        },
         f"{SHOP} 'secret': with signature 'secret' it is sent as a header, so printable ASCII only",
     ),
     (
@@ -475,3 +485,669 @@ def test_a_schema_directory_without_the_reader_schema_is_invalid(tmp_path: Path)
     path.write_text(f"schemas:\n  directory: {tmp_path}\nwebhooks: []\n")
     with pytest.raises(ConfigError, match=r"holds no transaction_outcome\.avsc"):
         load_config(path, environ={})
+
+
+# ---- malformed input never crashes and never leaks --------------------------------------------
+
+PLANTED = "planted-Secret-Value-4f1c9e"
+"""A secret value written into test files; it must never appear in any message."""
+
+
+def only_problem(path: Path, environ: dict[str, str] | None = None) -> str:
+    """The one problem of a rejected file, without its ``file:line: `` prefix; checks no leak."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ or {})
+    assert PLANTED not in str(caught.value)
+    assert len(caught.value.problems) == 1, caught.value.problems
+    problem = caught.value.problems[0]
+    assert problem.startswith(f"{path}")
+    return problem.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (f"!!int {PLANTED}", "cannot read the value as an integer (!!int)"),
+        (f"!!float {PLANTED}", "cannot read the value as a number (!!float)"),
+        (f"!!bool {PLANTED}", "cannot read the value as a boolean (true or false) (!!bool)"),
+        (f"!!timestamp {PLANTED}", "cannot read the value as a timestamp (!!timestamp)"),
+        ("!!timestamp 2026-13-45", "cannot read the value as a timestamp (!!timestamp)"),
+        ("!!binary 'abcde'", "cannot read the value: failed to decode base64 data"),
+        ("!!binary aGVsbG8=", "expected a string, got bytes"),
+        (f"!!set {{{PLANTED}}}", "expected a string, got set"),
+        (f"!!omap [{PLANTED}]", "cannot read the value: expected a mapping of length 1"),
+        (f"!!pairs {PLANTED}", "cannot read the value: expected a sequence"),
+        (f"!!str [{PLANTED}]", "cannot read the value: expected a scalar node"),
+        (f"!!map {PLANTED}", "cannot read the value: expected a mapping node"),
+        (f"!!python/object:os.system {PLANTED}", "unknown YAML tag !!python/object:os.system"),
+        (f"!!python/name:os.system {PLANTED}", "unknown YAML tag !!python/name:os.system"),
+        (f"!custom {PLANTED}", "unknown YAML tag !custom (only the standard tags are read)"),
+        (f"!<tag:example.com,2000:x> {PLANTED}", "unknown YAML tag tag:example.com,2000:x"),
+        (f"!!merge {PLANTED}", "cannot read the value: could not determine a constructor"),
+        (f"[!!int {PLANTED}]", "cannot read the value as an integer (!!int)"),
+        (f"{{a: !!float {PLANTED}}}", "cannot read the value as a number (!!float)"),
+    ],
+)
+def test_tagged_secrets_are_problems_naming_the_tag_never_the_value(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    path = write(tmp_path, webhook_yaml(secret=value))
+    assert only_problem(path).startswith(f"{SHOP} 'secret': {message}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "retry: {attempts: !!int abc}\n",
+        "retry: {attempts: !!bool maybe}\n",
+        "delivery: {allow_private_networks: !!bool perhaps}\n",
+        "delivery: {timeout_seconds: !!float x}\n",
+        "delivery: {allowed_networks: [!!timestamp nope]}\n",
+        "metrics: {port: !!int 0x}\n",
+        "kafka: {properties: {linger.ms: !!int five}}\n",
+        "logging: !!set {level}\n",
+        "retry: !custom {attempts: 3}\n",
+    ],
+)
+def test_bad_tags_in_any_section_are_problems(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text + "webhooks: []\n")
+    tag = text.split("!", 1)[1].split(" ", 1)[0]
+    assert f"!{tag}" in only_problem(path)
+
+
+def test_python_tags_are_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "executed"
+    call = f"['touch {marker}']"
+    text = webhook_yaml(secret=f"!!python/object/apply:os.system {call}")
+    text += f"retry: {{attempts: !!python/object/new:os.system {call}}}\n"
+    text += f"logging: !!python/object/apply:os.system {call}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), {})
+    assert [problem.split(": ", 1)[1] for problem in caught.value.problems] == [
+        f"{SHOP} 'secret': unknown YAML tag !!python/object/apply:os.system "
+        "(only the standard tags are read)",
+        "field 'retry.attempts': unknown YAML tag !!python/object/new:os.system "
+        "(only the standard tags are read)",
+        "section 'logging': must be a mapping of keys to values",
+    ]
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("retry: {attempts: " + "9" * 5000 + "}\n", "retry.attempts': cannot read the value as"),
+        ("retry: {attempts: " + "9" * 400 + "}\n", "must be between 1 and 20, got a number of 400"),
+        ("delivery: {timeout_seconds: " + "9" * 400 + "}\n", "got a number of 400 digits"),
+        ("delivery: {timeout_seconds: 1.0e+400}\n", "at most 300, got inf"),
+        ("delivery: {timeout_seconds: -.inf}\n", "at most 300, got -inf"),
+        ("delivery: {shutdown_grace_seconds: .nan}\n", "at most 3600, got nan"),
+        ("metrics: {port: 1e400}\n", "expected an integer, got a string"),
+        ('logging: {level: "\\ud800"}\n', "contains a lone surrogate"),
+        ('metrics: {host: "local\\udfffhost"}\n', "contains a lone surrogate"),
+        ('schemas: {directory: "sch\\0emas"}\n', "a path must not contain a NUL character"),
+    ],
+)
+def test_odd_scalars_are_problems(tmp_path: Path, text: str, message: str) -> None:
+    assert message in only_problem(write(tmp_path, text + "webhooks: []\n"))
+
+
+def test_surrogates_and_nul_in_secrets_are_problems(tmp_path: Path) -> None:
+    path = write(tmp_path, webhook_yaml(secret=f'"{PLANTED}\\udc80"'))
+    assert only_problem(path) == (
+        f"{SHOP} 'secret': contains a lone surrogate (\\ud800 to \\udfff), which is not text"
+    )
+    path = write(tmp_path, webhook_yaml(secret=None, secret_file=f'"{tmp_path}/\\0"'))
+    assert only_problem(path) == f"{SHOP} 'secret_file': a path must not contain a NUL character"
+    environ = {"HOOK": "env-\udcff-value"}  # an undecodable byte from a real environment
+    path = write(tmp_path, webhook_yaml(secret="'${HOOK}'"))
+    assert load_config(path, environ).webhooks[0].secret.reveal() == b"env-\xff-value"
+
+
+def test_bytes_that_are_not_utf8_text(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_bytes(b"webhooks: []\nlogging: {level: \xff\xfe}\n")
+    assert only_problem(path) == "the file is not UTF-8 text (line 2)"
+    path.write_bytes(b"webhooks: []\nlogging: {level: 'a\x00b'}\n")
+    assert only_problem(path) == "invalid YAML: a control character that YAML does not allow"
+    path.write_bytes(b"webhooks: []\n\x1b[31m\n")
+    assert only_problem(path) == "invalid YAML: a control character that YAML does not allow"
+
+
+def test_utf16_and_bom_files_load(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    text = webhook_yaml(account="'compte-é'")
+    for data in (text.encode("utf-16"), b"\xef\xbb\xbf" + text.encode()):
+        path.write_bytes(data)
+        assert load_config(path, {}).webhooks[0].account == "compte-é"
+
+
+def test_a_directory_and_an_oversized_file_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "config.d"
+    folder.mkdir()
+    assert problems_of(folder) == [f"{folder}: cannot read the file: Is a directory"]
+    big = write(tmp_path, "webhooks: []\n" + "#" * 2000 + "\n")
+    monkeypatch.setattr("bridge.config.CONFIG_FILE_LIMIT_BYTES", 1024 * 1024 + 1)
+    load_config(big, {})
+    monkeypatch.setattr("bridge.config.CONFIG_FILE_LIMIT_BYTES", 1024)
+    (problem,) = problems_of(big)
+    assert problem.startswith(f"{big}: the file is larger than")
+
+
+def test_the_config_file_limit_is_64_mib(tmp_path: Path) -> None:
+    from bridge.config import CONFIG_FILE_LIMIT_BYTES
+
+    assert CONFIG_FILE_LIMIT_BYTES == 64 * 1024 * 1024
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as handle:  # sparse: no disk space used
+        handle.truncate(CONFIG_FILE_LIMIT_BYTES + 1)
+    assert problems_of(huge) == [
+        f"{huge}: the file is larger than 64 MiB; is it the configuration file?"
+    ]
+
+
+def test_oversized_and_special_secret_files(tmp_path: Path) -> None:
+    big = tmp_path / "big-secret"
+    big.write_bytes(b"x" * (1024 * 1024 + 1))
+    path = write(tmp_path, webhook_yaml(secret=None, secret_file=str(big)))
+    assert only_problem(path) == f"{SHOP} 'secret_file': secret file {big} is larger than 1024 KiB"
+    path = write(tmp_path, webhook_yaml(secret=None, secret_file=str(tmp_path)))
+    assert only_problem(path) == (
+        f"{SHOP} 'secret_file': cannot read secret file {tmp_path}: Is a directory"
+    )
+
+
+def deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"webhooks: {deep(70)}\n", "invalid YAML: nested more than 64 levels deep"),
+        (f"webhooks: {deep(5000)}\n", "invalid YAML: nested more than 64 levels deep"),
+        ("webhooks: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "nested more than 64 levels"),
+        (
+            f"a: &a {deep(40)}\nb: &b {'[' * 30}*a{']' * 30}\nwebhooks: [*b]\n",
+            "invalid YAML: nested more than 64 levels deep (through aliases)",
+        ),
+        (
+            f"a: {'[' * 30}&a {deep(40)}{']' * 30}\nwebhooks: []\n",
+            "invalid YAML: nested more than 64 levels deep",
+        ),
+        ("&a [*a]\n", "invalid YAML: recursive alias"),
+        ("retry: &r {attempts: *r}\nwebhooks: []\n", "invalid YAML: recursive alias"),
+        ("a: &a\n  b: *a\nwebhooks: *a\n", "invalid YAML: recursive alias"),
+        ("a: &a {<<: *a}\nwebhooks: []\n", "invalid YAML: recursive alias"),
+    ],
+)
+def test_deep_and_recursive_documents_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    started = time.perf_counter()
+    assert message in only_problem(write(tmp_path, text))
+    assert time.perf_counter() - started < 1.0
+
+
+def laughs(kind: str, levels: int = 9, width: int = 10) -> str:
+    """A billion-laughs document: each anchor refers to the previous one ``width`` times."""
+    if kind == "list":
+        lines = ["a0: &a0 [" + ", ".join(["lol"] * width) + "]"]
+        lines += [
+            f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * width) + "]" for n in range(1, levels)
+        ]
+    else:  # merge keys: each mapping merges the previous one width times
+        lines = ["a0: &a0 {lol: 1}"]
+        lines += [
+            f"a{n}: &a{n} {{<<: [" + ", ".join([f"*a{n - 1}"] * width) + "]}"
+            for n in range(1, levels)
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("kind", ["list", "merge"])
+@pytest.mark.parametrize(
+    "use",
+    [
+        "webhooks: *a{top}\n",
+        "webhooks: []\nretry: {{attempts: *a{top}}}\n",
+        "webhooks: []\nkafka: {{properties: *a{top}}}\n",
+        "webhooks: [{{<<: *a{top}, id: x}}]\n",
+    ],
+)
+def test_alias_bombs_are_refused_at_once(tmp_path: Path, kind: str, use: str) -> None:
+    path = write(tmp_path, laughs(kind) + use.format(top=8))
+    started = time.perf_counter()
+    assert "invalid YAML: aliases would expand the document by more than 100000 nodes" in (
+        only_problem(path)
+    )
+    assert time.perf_counter() - started < 1.0
+
+
+def test_modest_sharing_through_aliases_is_fine(tmp_path: Path) -> None:
+    text = "webhooks:\n  - &hook {id: hook-0, account: acct, url: 'https://x.example/h', "
+    text += "events: [transaction.failed], secret: s}\n"
+    text += "".join(f"  - {{<<: *hook, id: hook-{n}}}\n" for n in range(1, 2000))
+    started = time.perf_counter()
+    config = load_config(write(tmp_path, text), {})
+    assert [hook.id for hook in config.webhooks] == [f"hook-{n}" for n in range(2000)]
+    assert {hook.url for hook in config.webhooks} == {"https://x.example/h"}
+    assert time.perf_counter() - started < 5.0
+
+
+def test_an_unexpected_exception_names_only_its_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.config
+
+    def explode(*_args: object) -> None:
+        raise ValueError(f"invalid literal for int() with base 10: '{PLANTED}'")
+
+    monkeypatch.setattr(bridge.config._Loader, "load", explode)
+    path = write(tmp_path, webhook_yaml())
+    assert problems_of(path) == [
+        f"{path}: internal error while reading the configuration (ValueError); please report it"
+    ]
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, {})
+    assert PLANTED not in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_secret_echoed_through_an_alias_is_masked(tmp_path: Path) -> None:
+    text = webhook_yaml(secret=f"&s {PLANTED}", signature="*s")
+    assert only_problem(write(tmp_path, text)) == (
+        f"{SHOP} 'signature': unknown value '***' (expected hmac-sha256, secret)"
+    )
+    text = f"kafka: {{properties: {{ssl.key.password: &p {PLANTED}}}}}\n"
+    text += "logging: {level: *p}\nwebhooks: []\n"
+    assert "unknown value '***'" in only_problem(write(tmp_path, text))
+
+
+def test_at_most_1000_problems_are_listed(tmp_path: Path) -> None:
+    text = "retry:\n" + "".join(f"  unknown{n}: 1\n" for n in range(1500)) + "webhooks: []\n"
+    problems = problems_of(write(tmp_path, text))
+    assert len(problems) == 1001
+    assert problems[-1] == f"{tmp_path / 'bridge.yaml'}: ... and 500 more problem(s)"
+
+
+# ---- URLs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://[::1/x", "not a valid URL (malformed IPv6 address in the host)"),
+        ("http://[::1", "not a valid URL (malformed IPv6 address in the host)"),
+        ("http://[not-ipv6]/", "not a valid URL (malformed IPv6 address in the host)"),
+        ("http://[::1]x/", "an IPv6 address in brackets may only be followed by ':port'"),
+        ("http://[fe80::1%25eth0]/", "an IPv6 zone id (%...) is not allowed"),
+        ("http://[::ffff:10.0.0.1]/", "a private address"),
+        ("http://[::ffff:a00:1]/", "a private address"),
+        ("https://a..example.com/hook", "host 'a..example.com' has an empty label"),
+        ("https://.example.com/", "has an empty label"),
+        ("https://" + "a" * 64 + ".example/", "has a label longer than 63 characters"),
+        ("https://" + ".".join(["a" * 63] * 4) + "/", "host name longer than 253 characters"),
+        ("https://-lead.example/", "has an invalid label '-lead'"),
+        ("https://bad!.example/", "has an invalid label"),
+        ("https://xn--a.example/", "is not a valid internationalised name"),
+        ("https://☃.example/", "is not a valid internationalised name"),
+        ("https://exa\u200dmple.com/", "is not a valid internationalised name"),
+        ("https://127.1/", "host '127.1' ends in a number"),
+        ("https://0x7f.1/", "ends in a number"),
+        ("https://x.example:0/", "port 0 is not a destination"),
+        ("https://x.example:65536/", "the port is not a number from 1 to 65535"),
+        ("https://x.example:http/", "the port is not a number from 1 to 65535"),
+        ("https://x.example/#top", "must not contain a fragment"),
+        ("https://x.example/a b", "contains whitespace at position"),
+        ("https://x.example/\u0085", "contains whitespace at position 18"),
+        ("ftp://x.example/", "must be an absolute http:// or https:// URL"),
+        ("https:///path", "must have a host"),
+        ("//x.example/", "must be an absolute http:// or https:// URL"),
+        ("https://" + "x" * 9000, "longer than 8192 characters"),
+    ],
+)
+def test_invalid_webhook_urls(tmp_path: Path, url: str, message: str) -> None:
+    problem = only_problem(write(tmp_path, webhook_yaml(url=f"'{url}'")))
+    assert problem.startswith(f"{SHOP} 'url': "), problem
+    assert message in problem, problem
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://faß.de/hook",
+        "https://ÉCOLE.example/hook",
+        "https://example.com./hook",
+        "https://under_score.example/hook",
+        "https://[2606:4700:4700::1111]:8443/hook?x=1",
+        "https://1.1.1.1/hook",
+        "http://shop.example.com:8080/a/b?c=d&e=f",
+    ],
+)
+def test_valid_webhook_urls(tmp_path: Path, url: str) -> None:
+    config = load_config(write(tmp_path, webhook_yaml(url=f"'{url}'")), {})
+    assert config.webhooks[0].url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://alice:{PLANTED}@shop.example/hook",
+        f"https://{PLANTED}@shop.example/hook",
+        f"https://alice:{PLANTED}@shop.example:99999/hook",
+        f"https://alice:{PLANTED}@[::1/x",
+        f"https://alice:{PLANTED}\uff20shop.example/hook",  # a fullwidth @ (NFKC: @)
+        f"https://alice:{PLANTED}@a..example/hook",
+        f"http://:{PLANTED}@10.0.0.1/",
+    ],
+)
+def test_userinfo_is_refused_without_being_echoed(tmp_path: Path, url: str) -> None:
+    problem = only_problem(write(tmp_path, webhook_yaml(url=f"'{url}'")))
+    assert problem.startswith(f"{SHOP} 'url': must not contain userinfo (user:password@)")
+    assert "alice" not in problem
+    text = f"schemas: {{mode: registry, registry_url: '{url}'}}\nwebhooks: []\n"
+    problem = only_problem(write(tmp_path, text))
+    assert problem.startswith("field 'schemas.registry_url': must not contain userinfo")
+    assert "schemas.registry_username and schemas.registry_password" in problem
+    assert "alice" not in problem
+
+
+def test_literal_ip_destinations_are_checked_after_parsing(tmp_path: Path) -> None:
+    for url, refused in (
+        ("http://169.254.169.254/latest", "is a cloud metadata address"),
+        ("http://[::1]:8080/", "::1 is a loopback address"),
+        ("http://[0:0:0:0:0:0:0:1]/", "::1 is a loopback address"),
+        ("http://0.0.0.0/", "unspecified address"),
+    ):
+        problem = only_problem(write(tmp_path, webhook_yaml(url=f"'{url}'")))
+        assert refused in problem, problem
+    allowed = "delivery: {allow_private_networks: true}\n" + webhook_yaml(url="'http://[::1]:80/'")
+    assert load_config(write(tmp_path, allowed), {}).webhooks[0].url == "http://[::1]:80/"
+
+
+def test_registry_credentials(tmp_path: Path) -> None:
+    (tmp_path / "registry-password").write_text(f"{PLANTED}\n")
+    base = "schemas:\n  mode: registry\n  registry_url: 'https://registry.example:8081/api'\n"
+    text = base + "  registry_username: bridge\n"
+    text += f"  registry_password_file: {tmp_path / 'registry-password'}\nwebhooks: []\n"
+    config = load_config(write(tmp_path, text), {})
+    assert config.schemas.registry_username == "bridge"
+    assert config.schemas.registry_password == Secret(PLANTED.encode())
+    assert (tmp_path / "registry-password") in [source for source, _ in config.sources]
+    assert PLANTED not in repr(config)
+
+    text = base + "  registry_username: bridge\n  registry_password: '${REGISTRY_PASSWORD}'\n"
+    config = load_config(write(tmp_path, text + "webhooks: []\n"), {"REGISTRY_PASSWORD": "pw"})
+    assert config.schemas.registry_password == Secret(b"pw")
+
+    text = base + f"  registry_password: '{PLANTED}'\nwebhooks: []\n"
+    assert only_problem(write(tmp_path, text)) == (
+        "field 'schemas.registry_username': required with registry_password "
+        "(HTTP basic authentication needs both)"
+    )
+    text = base + "  registry_username: 'a:b'\n  registry_password: x\nwebhooks: []\n"
+    assert "must not contain ':'" in only_problem(write(tmp_path, text))
+    text = base.replace("'https://registry.example:8081/api'", "'https://reg..example/'")
+    assert only_problem(write(tmp_path, text + "webhooks: []\n")) == (
+        "field 'schemas.registry_url': host 'reg..example' has an empty label"
+    )
+
+
+# ---- signature: secret -----------------------------------------------------------------------
+
+LONG = "S" * 32  # the shortest secret that may be sent as is
+STANDARD_KEY = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def secret_mode(**fields: str | None) -> str:
+    values: dict[str, str | None] = {
+        "url": "https://shop.example.com/hooks",
+        "signature": "secret",
+        "secret": LONG,
+        "standard_webhooks_secret": STANDARD_KEY,
+        **fields,
+    }
+    return webhook_yaml(**values)
+
+
+def test_secret_mode_with_https_a_long_secret_and_its_own_standard_key(tmp_path: Path) -> None:
+    (hook,) = load_config(write(tmp_path, secret_mode()), {}).webhooks
+    assert hook.signature == "secret"
+    assert hook.secret.reveal() == LONG.encode()
+    assert hook.standard_webhooks_secret == Secret(STANDARD_KEY.encode())
+    assert hook.previous_standard_webhooks_secret is None
+    assert STANDARD_KEY not in repr(hook)
+
+
+def test_secret_mode_standard_key_forms_and_rotation(tmp_path: Path) -> None:
+    (tmp_path / "standard").write_text("from-a-file\n")
+    text = secret_mode(
+        standard_webhooks_secret=None,
+        standard_webhooks_secret_file=str(tmp_path / "standard"),
+        previous_standard_webhooks_secret="'${OLD_STANDARD}'",
+    )
+    config = load_config(write(tmp_path, text), {"OLD_STANDARD": "old-standard"})
+    (hook,) = config.webhooks
+    assert hook.standard_webhooks_secret == Secret(b"from-a-file")
+    assert hook.previous_standard_webhooks_secret == Secret(b"old-standard")
+    assert (tmp_path / "standard") in [source for source, _ in config.sources]
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        (
+            {"url": "http://shop.example.com/hooks"},
+            f"{SHOP} 'url': must be https:// with signature 'secret' (the secret itself is sent "
+            "in the x-service-secret header)",
+        ),
+        (
+            {"url": "'http://[2606:4700:4700::1111]/'"},
+            f"{SHOP} 'url': must be https:// with signature 'secret'",
+        ),
+        (
+            {"secret": "S" * 31},
+            f"{SHOP} 'secret': with signature 'secret' it is sent as a header, so at least 32 "
+            "characters",
+        ),
+        ({"secret": "'" + "S" * 31 + " '"}, f"{SHOP} 'secret': with signature 'secret' it is"),
+        ({"secret": "'" + "é" * 32 + "'"}, f"{SHOP} 'secret': with signature 'secret' it is sent"),
+        (
+            {"standard_webhooks_secret": None},
+            f"{SHOP} 'standard_webhooks_secret': required with signature 'secret': "
+            "x-service-secret carries the secret itself, so anyone who sees the header could "
+            "forge a webhook-signature keyed with it",
+        ),
+        ({"standard_webhooks_secret": LONG}, f"{SHOP} 'standard_webhooks_secret': must differ"),
+        (
+            {"standard_webhooks_secret": "whsec_" + base64.b64encode(LONG.encode()).decode()},
+            f"{SHOP} 'standard_webhooks_secret': must differ from 'secret' and 'previous_secret'",
+        ),
+        (
+            {"previous_secret": "old-raw-secret"},
+            f"{SHOP} 'previous_secret': has no effect with signature 'secret'",
+        ),
+        (
+            {"previous_standard_webhooks_secret": LONG},
+            f"{SHOP} 'previous_standard_webhooks_secret': must differ from 'secret'",
+        ),
+        (
+            {"standard_webhooks_secret": "whsec_%%%"},
+            f"{SHOP} 'standard_webhooks_secret': the part after 'whsec_' is not valid base64",
+        ),
+        (
+            {"standard_webhooks_secret": "x", "standard_webhooks_secret_file": "/x"},
+            f"{SHOP} 'standard_webhooks_secret': set 'standard_webhooks_secret' or "
+            "'standard_webhooks_secret_file', not both",
+        ),
+    ],
+)
+def test_secret_mode_problems(tmp_path: Path, fields: dict[str, str | None], problem: str) -> None:
+    assert only_problem(write(tmp_path, secret_mode(**fields))).startswith(problem)
+
+
+def test_secret_mode_length_boundary(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, secret_mode(secret="S" * 32)), {}).webhooks
+    assert load_config(write(tmp_path, secret_mode(secret="'" + "~!" * 16 + "'")), {}).webhooks
+    with pytest.raises(ConfigError, match="at least 32 characters"):
+        load_config(write(tmp_path, secret_mode(secret="S" * 31)), {})
+    # The length applies to the secret sent as is only, not to the default HMAC scheme.
+    assert load_config(write(tmp_path, webhook_yaml(secret="s")), {}).webhooks
+
+
+def test_hmac_scheme_may_have_its_own_standard_webhooks_key(tmp_path: Path) -> None:
+    text = webhook_yaml(url="'http://[2606:4700:4700::1111]/'", standard_webhooks_secret="k2")
+    (hook,) = load_config(write(tmp_path, text), {}).webhooks
+    assert (hook.signature, hook.standard_webhooks_secret) == ("hmac-sha256", Secret(b"k2"))
+    text = webhook_yaml(standard_webhooks_secret="inline-secret")
+    assert only_problem(write(tmp_path, text)).startswith(
+        f"{SHOP} 'standard_webhooks_secret': must differ from 'secret'"
+    )
+    text = webhook_yaml(standard_webhooks_secret="k2", previous_secret="old")
+    assert only_problem(write(tmp_path, text)).startswith(
+        f"{SHOP} 'previous_secret': has no effect with standard_webhooks_secret"
+    )
+    text = webhook_yaml(previous_standard_webhooks_secret="k2")
+    assert only_problem(write(tmp_path, text)) == (
+        f"{SHOP} 'previous_standard_webhooks_secret': only with 'standard_webhooks_secret'"
+    )
+    # With the default scheme and no standard key, the secret keeps keying webhook-signature.
+    (hook,) = load_config(write(tmp_path, webhook_yaml(previous_secret="old")), {}).webhooks
+    assert hook.standard_webhooks_secret is None and hook.previous_secret == Secret(b"old")
+
+
+def test_secret_mode_secrets_never_appear_in_errors(tmp_path: Path) -> None:
+    text = secret_mode(
+        url="http://shop.example.com/",
+        secret=f"'{PLANTED} with spaces'",
+        standard_webhooks_secret=None,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), {})
+    assert len(caught.value.problems) == 3
+    assert PLANTED not in str(caught.value)
+
+
+# ---- Kafka credentials -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "credential"),
+    [
+        ("ssl.key.password", True),
+        ("ssl.keystore.password", True),
+        ("ssl.key.pem", True),
+        ("ssl_key", True),
+        ("sasl.jaas.config", True),
+        ("sasl.oauthbearer.client.secret", True),
+        ("sasl.oauthbearer.config", True),
+        ("sasl.oauthbearer.assertion.private.key.pem", True),
+        ("sasl.oauthbearer.assertion.private.key.passphrase", True),
+        ("SSL.KEY.PASSWORD", True),
+        ("ssl.key.location", False),
+        ("ssl.keystore.location", False),
+        ("ssl.certificate.pem", False),
+        ("ssl.ca.pem", False),
+        ("ssl.ca.location", False),
+        ("sasl.kerberos.keytab", False),
+        ("sasl.oauthbearer.client.id", False),
+        ("linger.ms", False),
+    ],
+)
+def test_which_kafka_properties_are_credentials(name: str, credential: bool) -> None:
+    assert is_kafka_credential(name) is credential
+
+
+def test_kafka_properties_from_the_environment_and_files(tmp_path: Path) -> None:
+    (tmp_path / "key-password").write_text(f"{PLANTED}-file\n")
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
+    text = f"""\
+kafka:
+  properties:
+    ssl.key.password: {{file: {tmp_path / "key-password"}}}
+    sasl.oauthbearer.client.secret: "${{OAUTH_SECRET}}"
+    ssl.keystore.password: "{PLANTED}-inline"
+    ssl.ca.pem: {{file: {tmp_path / "ca.pem"}}}
+    sasl.oauthbearer.client.id: "${{OAUTH_ID}}"
+    linger.ms: 5
+    enable.idempotence: true
+webhooks: []
+"""
+    environ = {"OAUTH_SECRET": f"{PLANTED}-env", "OAUTH_ID": "bridge-client"}
+    config = load_config(write(tmp_path, text), environ)
+
+    properties = config.kafka.properties
+    assert properties["ssl.key.password"] == Secret(f"{PLANTED}-file".encode())
+    assert properties["sasl.oauthbearer.client.secret"] == Secret(f"{PLANTED}-env".encode())
+    assert properties["ssl.keystore.password"] == Secret(f"{PLANTED}-inline".encode())
+    assert properties["ssl.ca.pem"] == "-----BEGIN CERTIFICATE-----\nMIIB"
+    assert properties["sasl.oauthbearer.client.id"] == "bridge-client"
+    settings = config.kafka_settings()
+    assert settings["ssl.key.password"] == f"{PLANTED}-file"
+    assert settings["sasl.oauthbearer.client.secret"] == f"{PLANTED}-env"
+    assert settings["ssl.keystore.password"] == f"{PLANTED}-inline"
+    assert (settings["linger.ms"], settings["enable.idempotence"]) == ("5", "true")
+    for text in (repr(config), str(config), repr(config.kafka), repr(properties)):
+        assert PLANTED not in text
+    assert [source for source, _ in config.sources][1:] == [
+        tmp_path / "key-password",
+        tmp_path / "ca.pem",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("ssl.key.password: '${UNSET}'", "environment variable UNSET is not set or empty"),
+        ("ssl.key.password: '${EMPTY}'", "environment variable EMPTY is not set or empty"),
+        ("linger.ms: '${UNSET}'", "environment variable UNSET is not set or empty"),
+        (f"ssl.key.password: 'x-${{{PLANTED}}}'", "write ${NAME} alone"),
+        ("ssl.key.password: 12345", "expected a string, got an integer (quote the value"),
+        ("ssl.key.password: true", "expected a string, got a boolean"),
+        ("ssl.key.password: ''", "must not be empty"),
+        ("ssl.key.password: {file: /no/such/file}", "cannot read secret file /no/such/file"),
+        ("ssl.ca.pem: {file: /no/such/file}", "cannot read file /no/such/file"),
+        (f"ssl.key.password: {{path: {PLANTED}}}", "a mapping value must be {file: PATH}"),
+        (f"ssl.key.password: [{PLANTED}]", "expected a string, got a list"),
+        ("linger.ms: [5]", "expected a string, number, boolean"),
+        ("linger.ms: null", "expected a string, number, boolean"),
+        (f'ssl.key.password: "{PLANTED}\\0"', "must be text without NUL characters"),
+        (f"ssl.key.password: !!int {PLANTED}", "cannot read the value as an integer (!!int)"),
+    ],
+)
+def test_kafka_property_problems(tmp_path: Path, entry: str, message: str) -> None:
+    text = f"kafka:\n  properties:\n    {entry}\nwebhooks: []\n"
+    name = entry.split(":", 1)[0]
+    problem = only_problem(write(tmp_path, text), {"EMPTY": ""})
+    assert problem.startswith(f"field 'kafka.properties.{name}': {message}"), problem
+
+
+def test_kafka_property_names_are_checked(tmp_path: Path) -> None:
+    text = "kafka:\n  properties: {'bad name': 1, sasl.password: x, sasl.mechanisms: PLAIN}\n"
+    problems = problems_of(write(tmp_path, text + "webhooks: []\n"))
+    assert [problem.split(": ", 1)[1] for problem in problems] == [
+        "field 'kafka.properties': 'bad name' is not a librdkafka property name",
+        "field 'kafka.properties.sasl.password': set it with kafka.sasl_password instead",
+        "field 'kafka.properties.sasl.mechanisms': set it with kafka.sasl_mechanism instead",
+    ]
+
+
+def test_kafka_credentials_are_masked_in_errors(tmp_path: Path) -> None:
+    (tmp_path / "password").write_text(PLANTED)
+    text = f"""\
+kafka:
+  properties:
+    ssl.key.password: {{file: {tmp_path / "password"}}}
+    sasl.jaas.config: &jaas "{PLANTED} required;"
+    ssl.keystore.password: "${{KEYSTORE}}"
+  client_id: *jaas
+  group_id: ["{PLANTED}"]
+retry: {{attempts: 0}}
+webhooks: []
+"""
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text), {"KEYSTORE": PLANTED})
+    assert len(caught.value.problems) == 2  # group_id and retry.attempts
+    assert PLANTED not in str(caught.value)
+    assert PLANTED not in repr(caught.value)

@@ -63,7 +63,7 @@ def test_international_hosts_are_encoded_by_idna_2008() -> None:
         ("http://xn--a.example/", "host 'xn--a.example' is not a valid internationalised name"),
         ("http://a..b/", "host 'a..b' has an empty label"),
         ("http://127.1/", "host '127.1' ends in a number"),
-        ("http://h.example:99999/", "not a valid URL"),
+        ("http://h.example:99999/", "the port is not a number from 1 to 65535"),
     ],
 )
 def test_urls_the_shared_rules_refuse_are_invalid_requests(url: str, detail: str) -> None:

@@ -10,12 +10,15 @@ The expected strings were computed independently of this code, with OpenSSL and 
     printf 'msg_test.1700000000.%s' "$B" \\
         | openssl dgst -sha256 -mac HMAC -macopt hexkey:$KEY -binary | base64
     printf '%s' "$B" | openssl dgst -sha256 -hmac 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw'
+    printf 'msg_test.1700000000.%s' "$B" \\
+        | openssl dgst -sha256 -hmac 'legacy-secret-sent-as-is-0123456789' -binary | base64
     printf 'txn_1\\ntransaction.success\\nshop-main' | openssl dgst -sha256 -binary \\
         | head -c 20 | base32 | tr A-Z a-z
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import time
@@ -26,14 +29,27 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from bridge import __version__
 from bridge.config import Secret, SignatureScheme, Webhook
-from bridge.signing import build_headers, message_id, standard_webhooks_key
+from bridge.signing import (
+    build_headers,
+    message_id,
+    standard_webhooks_key,
+    standard_webhooks_secrets,
+)
 
 BODY = b'{"transactionId":"txn_1","isPaymentSucces":true,"event":"transaction.success"}'
 WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+LEGACY = "legacy-secret-sent-as-is-0123456789"  # a signature: secret webhook's secret
+WHSEC_SIGNATURE = "v1,M3Ocb9MCQx9gAgS79NSjquiUzynP1IEuDzHjvLnWoUk="  # keyed by WHSEC's key
+OLD_SIGNATURE = "v1,+MtrHrtVRZFni1NUrdore6T/3Tavlwt/lKfBOoJHr2s="  # keyed by b"old-secret"
+LEGACY_SIGNATURE = "v1,jsGqhPGMGZsdOuakljapvlgyt0skjEzFgy3OGvNdGT0="  # keyed by LEGACY: never sent
 
 
 def webhook(
-    secret: str, previous: str | None = None, signature: SignatureScheme = "hmac-sha256"
+    secret: str,
+    previous: str | None = None,
+    signature: SignatureScheme = "hmac-sha256",
+    standard: str | None = None,
+    previous_standard: str | None = None,
 ) -> Webhook:
     return Webhook(
         id="shop-main",
@@ -43,6 +59,10 @@ def webhook(
         secret=Secret(secret.encode()),
         previous_secret=None if previous is None else Secret(previous.encode()),
         signature=signature,
+        standard_webhooks_secret=None if standard is None else Secret(standard.encode()),
+        previous_standard_webhooks_secret=(
+            None if previous_standard is None else Secret(previous_standard.encode())
+        ),
     )
 
 
@@ -83,10 +103,65 @@ def test_fixed_vector_rotation_signs_with_both_secrets_current_first() -> None:
     )
 
 
-def test_secret_scheme_sends_the_secret_itself() -> None:
-    headers = build_headers(webhook("test-secret", signature="secret"), "msg_1", 1, BODY)
-    assert headers["x-service-secret"] == "test-secret"
-    assert headers["webhook-signature"].startswith("v1,")
+def test_fixed_vector_secret_scheme_keys_standard_webhooks_with_its_own_secret() -> None:
+    hook = webhook(LEGACY, signature="secret", standard=WHSEC)
+    headers = build_headers(hook, "msg_test", 1_700_000_000, BODY)
+
+    assert headers["x-service-secret"] == LEGACY
+    assert headers["webhook-signature"] == WHSEC_SIGNATURE
+    assert LEGACY_SIGNATURE not in headers["webhook-signature"]
+
+
+def test_fixed_vector_secret_scheme_rotates_only_the_standard_webhooks_key() -> None:
+    hook = webhook(LEGACY, signature="secret", standard=WHSEC, previous_standard="old-secret")
+    headers = build_headers(hook, "msg_test", 1_700_000_000, BODY)
+
+    assert headers["webhook-signature"] == f"{WHSEC_SIGNATURE} {OLD_SIGNATURE}"
+    assert headers["x-service-secret"] == LEGACY
+    hook = webhook(LEGACY, previous="old-secret", signature="secret", standard=WHSEC)
+    headers = build_headers(hook, "msg_test", 1_700_000_000, BODY)
+    assert headers["webhook-signature"] == WHSEC_SIGNATURE, "previous_secret signs nothing"
+
+
+def test_fixed_vector_hmac_scheme_with_a_standard_webhooks_secret() -> None:
+    headers = build_headers(
+        webhook("test-secret", standard="old-secret"), "msg_test", 1_700_000_000, BODY
+    )
+
+    assert headers["webhook-signature"] == OLD_SIGNATURE
+    assert (
+        headers["x-service-secret"]
+        == "671b011470165bb1cfafc931b84010ef11e31bd51f5b2ae3af1f08b9a0340e08"
+    )
+
+
+def test_secret_scheme_without_a_standard_webhooks_secret_is_refused() -> None:
+    hook = webhook(LEGACY, signature="secret")
+    with pytest.raises(ValueError, match="needs a separate standard_webhooks_secret"):
+        build_headers(hook, "msg_test", 1_700_000_000, BODY)
+    with pytest.raises(ValueError) as caught:
+        standard_webhooks_secrets(hook)
+    assert LEGACY not in str(caught.value)
+
+
+def test_standard_webhooks_secrets_current_first() -> None:
+    assert standard_webhooks_secrets(webhook("a", "b")) == (Secret(b"a"), Secret(b"b"))
+    assert standard_webhooks_secrets(webhook("a", standard="c")) == (Secret(b"c"),)
+    assert standard_webhooks_secrets(webhook("a", standard="c", previous_standard="d")) == (
+        Secret(b"c"),
+        Secret(b"d"),
+    )
+
+
+def test_standard_webhooks_library_verifies_the_secret_scheme_with_the_standard_secret() -> None:
+    now = int(time.time())
+    hook = webhook(LEGACY, signature="secret", standard=WHSEC)
+    headers = build_headers(hook, "msg_legacy", now, BODY)
+
+    assert StandardWebhook(WHSEC).verify(BODY, headers)["transactionId"] == "txn_1"
+    leaked = "whsec_" + base64.b64encode(LEGACY.encode()).decode()
+    with pytest.raises(WebhookVerificationError):
+        StandardWebhook(leaked).verify(BODY, headers)  # the header's value forges nothing
 
 
 def test_message_id_fixed_vector_and_stability() -> None:

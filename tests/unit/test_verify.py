@@ -10,6 +10,8 @@ from bridge.verify import VerificationError, verify
 
 BODY = b'{"transactionId":"txn_1","isPaymentSucces":false,"event":"transaction.failed"}'
 NOW = 1_700_000_000
+LEGACY = "legacy-secret-sent-as-is-0123456789"
+STANDARD = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 def signed(
@@ -17,6 +19,7 @@ def signed(
     previous: str | None = None,
     signature: SignatureScheme = "hmac-sha256",
     timestamp: int = NOW,
+    standard: str | None = None,
 ) -> dict[str, str]:
     webhook = Webhook(
         id="w",
@@ -26,6 +29,7 @@ def signed(
         secret=Secret(secret.encode()),
         previous_secret=None if previous is None else Secret(previous.encode()),
         signature=signature,
+        standard_webhooks_secret=None if standard is None else Secret(standard.encode()),
     )
     return build_headers(webhook, "msg_1", timestamp, BODY)
 
@@ -43,10 +47,34 @@ def test_header_names_are_case_insensitive_and_secret_may_be_bytes() -> None:
     assert verify(headers, BODY, b"receiver-secret", now=NOW)["transactionId"] == "txn_1"
 
 
-def test_secret_scheme() -> None:
-    headers = signed(signature="secret")
-    assert verify(headers, BODY, "receiver-secret", scheme="secret", now=NOW)
+def test_secret_scheme_checks_webhook_signature_with_the_standard_webhooks_secret() -> None:
+    headers = signed(LEGACY, signature="secret", standard=STANDARD)
+    assert verify(
+        headers, BODY, LEGACY, scheme="secret", standard_webhooks_secret=STANDARD, now=NOW
+    )
+    assert verify(headers, BODY, LEGACY, scheme="secret", standard_webhooks=False)
     with pytest.raises(VerificationError, match=r"x-service-secret does not match \(hmac-sha256\)"):
+        verify(headers, BODY, LEGACY, standard_webhooks_secret=STANDARD, now=NOW)
+    # Whoever saw x-service-secret cannot make a webhook-signature the receiver accepts.
+    forged = {**headers, "webhook-signature": signed(LEGACY)["webhook-signature"]}
+    with pytest.raises(VerificationError, match="no webhook-signature matches"):
+        verify(forged, BODY, LEGACY, scheme="secret", standard_webhooks_secret=STANDARD, now=NOW)
+    with pytest.raises(VerificationError, match="no webhook-signature matches"):
+        verify(headers, BODY, LEGACY, scheme=None, now=NOW)
+
+
+def test_secret_scheme_needs_the_standard_webhooks_secret() -> None:
+    headers = signed(LEGACY, signature="secret", standard=STANDARD)
+    with pytest.raises(ValueError, match="standard_webhooks_secret="):
+        verify(headers, BODY, LEGACY, scheme="secret", now=NOW)
+
+
+def test_hmac_scheme_with_a_standard_webhooks_secret() -> None:
+    headers = signed(standard=STANDARD)
+    assert verify(headers, BODY, "receiver-secret", standard_webhooks_secret=STANDARD, now=NOW)
+    standard = STANDARD.encode()
+    assert verify(headers, BODY, b"receiver-secret", standard_webhooks_secret=standard, now=NOW)
+    with pytest.raises(VerificationError, match="no webhook-signature matches"):
         verify(headers, BODY, "receiver-secret", now=NOW)
 
 

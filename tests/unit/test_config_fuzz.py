@@ -1,0 +1,615 @@
+"""Fuzzing the configuration loader with YAML built from a grammar, and with raw bytes.
+
+The grammar writes YAML text itself (not through a dumper), so that documents carry what a dumper
+never writes: tags (every yaml.org tag, Python's and unknown ones), anchors and aliases (merge keys
+``<<`` included, recursive ones too), escaped lone surrogates, NUL, bidi marks, numbers such as
+``1.0e+400``, ``10**400``, ``.inf`` and ``.nan``, and deep nesting. A known secret is planted in
+every secret position it can take (inline, tagged, anchored and aliased into other fields, from
+the environment, from a file, in a URL's userinfo).
+
+Whatever the document: ``load_config`` returns a Config or raises ConfigError, never anything
+else; the error names the file and shows the planted secret nowhere; each problem is one
+printable line; and each load is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from bridge.config import Config, load_config
+from bridge.errors import ConfigError
+
+PLANTED = "Fuzz-Planted-Secret-7c1d0e9b"
+ENVIRON = {"FUZZ_SECRET": f"{PLANTED}-env", "FUZZ_EMPTY": "", "FUZZ_PLAIN": "plain-value"}
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+"""The whole file runs in about 20 seconds."""
+SECONDS_PER_LOAD = 2.0  # generous for slow machines: a load takes milliseconds
+
+
+@dataclass(frozen=True)
+class Files:
+    """Where the fuzzed document is written, and a secret file it may name."""
+
+    config: Path
+    secret: Path
+    folder: Path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
+    folder = tmp_path_factory.mktemp("config-fuzz")
+    secret = folder / "planted-secret"
+    secret.write_text(f"{PLANTED}-file\n")
+    return Files(folder / "bridge.yaml", secret, folder)
+
+
+def load(files: Files, data: bytes) -> Config | None:
+    """Load ``data``: a Config, or None after checking the ConfigError says nothing it must not."""
+    files.config.write_bytes(data)
+    started = time.perf_counter()
+    try:
+        return load_config(files.config, ENVIRON)
+    except ConfigError as error:
+        message = str(error)
+        assert error.problems, "a rejected file says what is wrong"
+        assert str(files.config) in message, "the message names the file"
+        assert PLANTED not in message, "a secret appears in the message"
+        assert PLANTED not in repr(error)
+        message.encode("utf-8")  # no lone surrogate: the message can be printed
+        for problem in error.problems:
+            assert problem.startswith(str(files.config)), problem
+            assert problem.isprintable(), f"not one printable line: {problem!r}"
+        return None
+    finally:
+        elapsed = time.perf_counter() - started
+        assert elapsed < SECONDS_PER_LOAD, f"a load took {elapsed:.2f}s"
+
+
+def check_config(config: Config | None) -> None:
+    """A loaded configuration keeps every secret out of its repr."""
+    if config is not None:
+        assert PLANTED not in repr(config)
+        assert PLANTED not in str(config)
+
+
+# ---- the grammar ----------------------------------------------------------------------------
+
+SECTIONS = ("kafka", "schemas", "topics", "retry", "delivery", "metrics", "logging")
+FIELDS = {
+    "kafka": (
+        "bootstrap_servers",
+        "group_id",
+        "client_id",
+        "security_protocol",
+        "sasl_mechanism",
+        "sasl_username",
+        "sasl_password",
+        "sasl_password_file",
+        "properties",
+    ),
+    "schemas": (
+        "mode",
+        "directory",
+        "registry_url",
+        "registry_username",
+        "registry_password",
+        "registry_password_file",
+        "max_record_bytes",
+    ),
+    "topics": ("source", "retry_prefix", "parked", "dead_letter", "partitions"),
+    "retry": ("attempts", "first_delay_ms", "increment_ms", "park_delay_ms", "max_parks"),
+    "delivery": (
+        "timeout_seconds",
+        "connect_timeout_seconds",
+        "concurrency_per_webhook",
+        "allow_private_networks",
+        "allowed_networks",
+    ),
+    "metrics": ("host", "port", "enabled"),
+    "logging": ("format", "level"),
+    "webhook": (
+        "id",
+        "account",
+        "url",
+        "events",
+        "secret",
+        "secret_file",
+        "previous_secret",
+        "previous_secret_file",
+        "standard_webhooks_secret",
+        "standard_webhooks_secret_file",
+        "previous_standard_webhooks_secret",
+        "previous_standard_webhooks_secret_file",
+        "signature",
+        "enabled",
+        "timeout_seconds",
+        "concurrency",
+    ),
+}
+PROPERTIES = (
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "ssl.key.pem",
+    "sasl.jaas.config",
+    "sasl.oauthbearer.client.secret",
+    "ssl.ca.location",
+    "linger.ms",
+    "enable.idempotence",
+    "sasl.oauthbearer.client.id",
+    "group.id",
+    "bad name",
+    "bad\u202ename",
+)
+SECRET_KEYS = frozenset(
+    {
+        "secret",
+        "previous_secret",
+        "standard_webhooks_secret",
+        "previous_standard_webhooks_secret",
+        "sasl_password",
+        "registry_password",
+        "ssl.key.password",
+        "ssl.keystore.password",
+        "ssl.key.pem",
+        "sasl.jaas.config",
+        "sasl.oauthbearer.client.secret",
+    }
+)
+TAGS = (
+    *(
+        f"!!{name}"
+        for name in (
+            "null",
+            "bool",
+            "int",
+            "float",
+            "binary",
+            "timestamp",
+            "omap",
+            "pairs",
+            "set",
+            "str",
+            "seq",
+            "map",
+            "merge",
+            "value",
+            "yaml",
+        )
+    ),
+    "!!python/object:os.system",
+    "!!python/object/apply:os.system",
+    "!!python/object/new:builtins.exec",
+    "!!python/name:os.system",
+    "!!python/tuple",
+    "!!python/unicode",
+    "!custom",
+    "!!unknown",
+    "!<tag:example.com,2000:thing>",
+    "!<tag:yaml.org,2002:int>",
+    "!",
+    "!e!undefined-handle",
+)
+NUMBERS = (
+    "0",
+    "1",
+    "-1",
+    "3",
+    "20",
+    "300",
+    "65535",
+    "65536",
+    "1e400",
+    "1.0e+400",
+    "-1.0e+400",
+    "1" + "0" * 400,
+    "9" * 5000,
+    ".inf",
+    "-.inf",
+    ".nan",
+    ".NaN",
+    "0x1F",
+    "0o17",
+    "017",
+    "0b101",
+    "1_000",
+    "190:20:30",
+    "1.5",
+    "-0.0",
+    "2026-03-14",
+    "2026-03-14T09:26:53.589Z",
+)
+WORDS = (
+    "~",
+    "null",
+    "true",
+    "false",
+    "yes",
+    "off",
+    "=",
+    "<<",
+    "transaction.success",
+    "transaction.failed",
+    "hmac-sha256",
+    "secret",
+    "registry",
+    "embedded",
+    "json",
+    "text",
+    "DEBUG",
+    "SASL_SSL",
+    "PLAIN",
+    "SCRAM-SHA-512",
+    "acct_1",
+    "shop",
+    "schemas",
+    "10.0.0.0/8",
+    "10.0.0.1/8",
+    "'10.20.0.0/16'",
+    "topic.name",
+    "'dead letters'",
+    "'${FUZZ_SECRET}'",
+    "'${FUZZ_EMPTY}'",
+    "'${FUZZ_UNSET}'",
+    "'x-${FUZZ_PLAIN}'",
+    "https://shop.example.com/hooks",
+    "'http://127.0.0.1:8080/h'",
+    "'http://[::1]:80/'",
+    "'http://[::1/x'",
+    "'http://[fe80::1%25eth0]/'",
+    "'http://[::ffff:10.0.0.1]/'",
+    "'https://a..example.com/hook'",
+    f"'https://{'a' * 64}.example/'",
+    "'https://faß.de/h'",
+    "'https://xn--a.example/'",
+    "'https://127.1/'",
+    "'https://x.example:0/'",
+    "'https://x.example:99999/'",
+    "'https://x.example/#f'",
+    "ftp://x.example/",
+    f"'https://alice:{PLANTED}@x.example/'",
+    f"'https://{PLANTED}@x.example/'",
+    f"'https://alice:{PLANTED}{PLANTED}{PLANTED}@x.example/'",
+    f"'https://alice:{PLANTED}\uff20x.example/'",
+    f"'http://u:{PLANTED}@[::1/x'",
+    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "'whsec_%%%'",
+    "whsec_",
+    "S" * 31,
+    "S" * 32,
+)
+TEXT_ESCAPES = (
+    "\\ud800",
+    "\\udfff",
+    "\\udc80",
+    "\\0",
+    "\\x00",
+    "\\u200f",
+    "\\u202e",
+    "\\u2066",
+    "\\u200b",
+    "\\ufeff",
+    "\\x85",
+    "\\N",
+    "\\L",
+    "\\P",
+    "\\e",
+    "\\x1b[2J",
+    "\\t",
+    "\\n",
+    "\\U0001F600",
+    "\\U0010FFFF",
+)
+PLANTED_FORMS = (
+    PLANTED,
+    f'"{PLANTED}"',
+    f"'{PLANTED}'",
+    f'"{PLANTED} with spaces"',
+    f'"{PLANTED}\\ud800"',
+    f'"{PLANTED}\\0"',
+    f'"{PLANTED}\\u202e"',
+    f"!!str {PLANTED}",
+    f"!!int {PLANTED}",
+    f"!!float {PLANTED}",
+    f"!!bool {PLANTED}",
+    f"!!timestamp {PLANTED}",
+    f"!!binary {PLANTED}",
+    f"!!null {PLANTED}",
+    f"!custom {PLANTED}",
+    f"!!python/object:os.system {PLANTED}",
+    f"[{PLANTED}]",
+    f"{{a: {PLANTED}}}",
+    f"whsec_{PLANTED}",
+    f"'{PLANTED}-${{FUZZ_SECRET}}'",
+    "'${FUZZ_SECRET}'",
+)
+
+
+FILE = "{secret_file}"  # replaced by the secret file's path
+GOOD = {
+    "bootstrap_servers": ("'kafka:9092'",),
+    "group_id": ("group",),
+    "client_id": ("client",),
+    "security_protocol": ("SASL_SSL", "PLAINTEXT"),
+    "sasl_mechanism": ("SCRAM-SHA-512", "PLAIN"),
+    "sasl_username": ("bridge",),
+    "sasl_password": (PLANTED, "'${FUZZ_SECRET}'"),
+    "sasl_password_file": (FILE,),
+    "mode": ("embedded", "registry"),
+    "directory": ("schemas",),
+    "registry_url": ("'https://registry.example:8081/api'",),
+    "registry_username": ("bridge",),
+    "registry_password": (PLANTED,),
+    "registry_password_file": (FILE,),
+    "max_record_bytes": ("1024",),
+    "source": ("t.source",),
+    "retry_prefix": ("t.retry",),
+    "parked": ("t.parked",),
+    "dead_letter": ("t.dlq",),
+    "partitions": ("3",),
+    "attempts": ("3",),
+    "first_delay_ms": ("100",),
+    "increment_ms": ("100",),
+    "park_delay_ms": ("1000",),
+    "max_parks": ("2",),
+    "timeout_seconds": ("5", "2.5"),
+    "connect_timeout_seconds": ("1",),
+    "concurrency_per_webhook": ("4",),
+    "allow_private_networks": ("true", "false"),
+    "allowed_networks": ("['10.20.0.0/16']",),
+    "host": ("127.0.0.1",),
+    "port": ("0",),
+    "enabled": ("true", "false"),
+    "format": ("text",),
+    "level": ("debug",),
+    "id": ("shop", "hook-1", "hook-2"),
+    "account": ("acct_1",),
+    "url": (
+        "https://shop.example.com/hooks",
+        "'http://[2606:4700:4700::1111]/h'",
+        "'https://faß.de/h'",
+    ),
+    "events": ("[transaction.success]", "[transaction.failed, transaction.success]"),
+    "secret": (PLANTED, f"'{'S' * 32}{PLANTED}'", "'${FUZZ_SECRET}'"),
+    "secret_file": (FILE,),
+    "previous_secret": (f"{PLANTED}-old",),
+    "previous_secret_file": (FILE,),
+    "standard_webhooks_secret": ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", f"{PLANTED}-standard"),
+    "standard_webhooks_secret_file": (FILE,),
+    "previous_standard_webhooks_secret": (f"{PLANTED}-standard-old",),
+    "previous_standard_webhooks_secret_file": (FILE,),
+    "signature": ("hmac-sha256", "secret"),
+    "concurrency": ("2",),
+}
+"""Values that are valid alone: documents drawn "good" mostly use them, so some load."""
+REQUIRED = ("id", "account", "url", "events", "secret")
+
+
+@dataclass
+class Grammar:
+    """Drawing state: whether values are mostly good, and the anchors defined so far (aliases may
+    name them, or a missing one)."""
+
+    draw: st.DrawFn
+    secret_file: str
+    good: bool = False
+    anchors: list[str] = field(default_factory=list)
+    ids: int = 0
+
+    def pick(self, options: tuple[str, ...] | list[str]) -> str:
+        return self.draw(st.sampled_from(options))
+
+    def chance(self, probability: float) -> bool:
+        return self.draw(st.integers(0, 99)) < probability * 100
+
+    def decorated(self, text: str) -> str:
+        """``text`` with, sometimes, an anchor and a tag in front."""
+        if self.chance(0.02 if self.good else 0.1):
+            text = f"{self.pick(TAGS)} {text}"
+        if self.chance(0.12):
+            name = f"a{len(self.anchors)}"
+            self.anchors.append(name)
+            text = f"&{name} {text}"
+        return text
+
+    def alias(self) -> str:
+        if self.anchors and (self.good or self.chance(0.95)):
+            return f"*{self.pick(self.anchors)}"
+        return "*undefined"
+
+    def quoted(self) -> str:
+        """A double-quoted scalar of random text and escapes (JSON escapes are YAML escapes)."""
+        parts = self.draw(
+            st.lists(
+                st.one_of(
+                    st.text(max_size=12).map(lambda text: json.dumps(text)[1:-1]),
+                    st.sampled_from(TEXT_ESCAPES),
+                ),
+                max_size=4,
+            )
+        )
+        return '"' + "".join(parts) + '"'
+
+    def scalar(self, key: str | None) -> str:
+        if key in SECRET_KEYS and self.chance(0.6):
+            return self.pick(PLANTED_FORMS)
+        if key is not None and key.endswith("_file") and self.chance(0.6):
+            return self.pick([self.secret_file, "/no/such/file", '"/tmp/\\0"', "/tmp"])
+        kind = self.draw(st.integers(0, 9))
+        if kind <= 3:
+            return self.pick(WORDS)
+        if kind <= 6:
+            return self.pick(NUMBERS)
+        if kind <= 8:
+            return self.quoted()
+        return "''"  # the planted secret goes to secret positions only (and aliases of them)
+
+    def value(self, depth: int, key: str | None = None) -> str:
+        """A flow-style node: scalar, alias, list, mapping (with merge keys) or deep nesting."""
+        if self.good and key in GOOD and self.chance(0.9):
+            if key == "id":
+                self.ids += 1
+                return f"hook-{self.ids}"
+            return self.pick(GOOD[key]).replace(FILE, self.secret_file)
+        kind = self.draw(st.integers(0, 12)) if depth < 4 else 0
+        if kind <= 5:
+            return self.decorated(self.scalar(key))
+        if kind == 6:
+            return self.alias()
+        if kind == 7:
+            levels = self.draw(st.integers(1, 200))
+            return "[" * levels + self.scalar(None) + "]" * levels
+        if kind <= 9:
+            items = self.draw(st.integers(0, 4))
+            inner = ", ".join(self.value(depth + 1, key) for _ in range(items))
+            return self.decorated(f"[{inner}]")
+        return self.decorated(self.mapping(depth + 1, FIELDS["webhook"]))
+
+    def mapping(self, depth: int, keys: tuple[str, ...], required: tuple[str, ...] = ()) -> str:
+        if self.good:  # the required keys, then a few others, each once
+            taken = {*required, *(f"{key}_file" for key in required)}
+            others = [key for key in keys if key not in taken]
+            chosen = self.draw(st.lists(st.sampled_from(others), max_size=3, unique=True))
+            entries = [f"{key}: {self.value(depth, key)}" for key in (*required, *chosen)]
+            return "{" + ", ".join(entries) + "}"
+        entries = []
+        for _ in range(self.draw(st.integers(0, 6))):
+            if self.anchors and self.chance(0.1):
+                merged = self.alias() if self.chance(0.6) else f"[{self.alias()}, {self.alias()}]"
+                entries.append(f"<<: {merged}")
+                continue
+            key = self.pick(keys) if self.chance(0.85) else self.pick((*WORDS, "'bad key'"))
+            entries.append(f"{key}: {self.value(depth, key)}")
+        return "{" + ", ".join(entries) + "}"
+
+    def properties(self) -> str:
+        entries = []
+        for _ in range(self.draw(st.integers(0, 5))):
+            name = self.pick(PROPERTIES[:-3] if self.good else PROPERTIES)
+            if self.chance(0.2):
+                value = self.pick([f"{{file: {self.secret_file}}}", "{file: /no/such/file}"])
+            elif self.good and self.chance(0.9):
+                value = self.pick([PLANTED, "'${FUZZ_SECRET}'", f"'{PLANTED}-2'", "'5'"])
+            else:
+                value = self.value(3, name)
+            entries.append(f"{json.dumps(name)}: {value}")
+        return self.decorated("{" + ", ".join(entries) + "}")
+
+
+@st.composite
+def documents(draw: st.DrawFn, secret_file: str) -> str:
+    """A configuration-shaped YAML document: known sections and fields, odd values."""
+    grammar = Grammar(draw, secret_file, good=draw(st.booleans()))
+    lines = []
+    if grammar.good:
+        names = [*draw(st.lists(st.sampled_from(SECTIONS), max_size=4, unique=True)), "webhooks"]
+    else:
+        choices = (*SECTIONS, "webhooks", "webhooks", "junk")
+        names = draw(st.lists(st.sampled_from(choices), max_size=8))
+    for name in names:
+        if name == "webhooks":
+            if grammar.good or grammar.chance(0.8):
+                lines.append("webhooks:")
+                for _ in range(draw(st.integers(0, 4))):
+                    item = grammar.mapping(1, FIELDS["webhook"], REQUIRED)
+                    lines.append(f"  - {grammar.decorated(item) if grammar.chance(0.3) else item}")
+            else:
+                lines.append(f"webhooks: {grammar.value(0)}")
+        elif name == "junk":
+            lines.append(f"{grammar.pick(WORDS)}: {grammar.value(0)}")
+        else:
+            if grammar.good or grammar.chance(0.8):
+                body = grammar.mapping(1, FIELDS[name])
+                if name == "kafka" and grammar.chance(0.6):
+                    entry = f"properties: {grammar.properties()}"
+                    body = f"{{{entry}}}" if body == "{}" else f"{body[:-1]}, {entry}}}"
+                body = grammar.decorated(body) if grammar.chance(0.2) and not grammar.good else body
+            else:
+                body = grammar.value(1)
+            lines.append(f"{name}: {body}")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the properties ---------------------------------------------------------------------------
+
+
+def test_the_grammar_writes_valid_documents_too(files: Files) -> None:
+    text = f"""\
+kafka: {{security_protocol: SASL_SSL, sasl_username: u, sasl_password: {PLANTED},
+  properties: {{"ssl.key.password": {{file: {files.secret}}}, "linger.ms": 5}}}}
+webhooks:
+  - {{id: shop, account: acct_1, url: https://shop.example.com/hooks,
+     events: [transaction.success], secret: &s {PLANTED}, signature: hmac-sha256}}
+  - {{<<: {{account: acct_1, events: [transaction.failed]}}, id: b, signature: secret,
+     url: 'https://x.example/h', secret: '${{FUZZ_SECRET}}', standard_webhooks_secret: {"S" * 32}}}
+"""
+    config = load(files, text.encode())
+    assert config is not None
+    assert [hook.id for hook in config.webhooks] == ["shop", "b"]
+    check_config(config)
+    text = text.replace("signature: hmac-sha256", "signature: *s")
+    assert load(files, text.encode()) is None
+
+
+@FUZZ
+@given(data=st.data())
+def test_grammar_documents_load_or_raise_config_error(files: Files, data: st.DataObject) -> None:
+    text = data.draw(documents(str(files.secret)))
+    check_config(load(files, text.encode("utf-8", "surrogatepass")))
+
+
+@settings(FUZZ, max_examples=100)
+@given(data=st.data())
+def test_grammar_documents_with_bytes_flipped(files: Files, data: st.DataObject) -> None:
+    encoded = bytearray(data.draw(documents(str(files.secret))).encode("utf-8", "surrogatepass"))
+    for _ in range(data.draw(st.integers(1, 4))):
+        if encoded:
+            at = data.draw(st.integers(0, len(encoded) - 1))
+            encoded[at] = data.draw(st.integers(0, 255))
+    check_config(load(files, bytes(encoded)))
+
+
+@settings(FUZZ, max_examples=300)
+@given(data=st.binary(max_size=400))
+@example(data=b"\xff\xfe\x00\x00")
+@example(data=b"\xfe\xff\xd8\x00")  # UTF-16 with a lone surrogate
+@example(data=b"\xef\xbb\xbf\xef\xbb\xbfwebhooks: []")
+@example(data=b"webhooks: []\x00")
+@example(data=b"webhooks: [\x1b[2J]")
+@example(data=b"%YAML 1.1\n%TAG ! tag:yaml.org,2002:python/\n--- !object:os.system x\n")
+@example(data=b"--- a\n--- b\n")
+@example(data=b"&a [*a, *a]")
+@example(data=b"a: &a [&b [*a]]")
+def test_random_bytes_load_or_raise_config_error(files: Files, data: bytes) -> None:
+    check_config(load(files, data))
+
+
+@settings(max_examples=30, deadline=None)
+@given(levels=st.integers(5, 12), width=st.integers(2, 12), merge=st.booleans())
+def test_alias_bombs_are_refused_quickly(
+    files: Files, levels: int, width: int, merge: bool
+) -> None:
+    if merge:
+        lines = ["a0: &a0 {lol: 1}"]
+        lines += [
+            f"a{n}: &a{n} {{<<: [" + ", ".join([f"*a{n - 1}"] * width) + "]}"
+            for n in range(1, levels)
+        ]
+    else:
+        lines = ["a0: &a0 [lol]"]
+        lines += [
+            f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * width) + "]" for n in range(1, levels)
+        ]
+    text = "\n".join(lines) + f"\nwebhooks: []\nretry: {{attempts: *a{levels - 1}}}\n"
+    config = load(files, text.encode())
+    assert config is None
