@@ -21,6 +21,8 @@ import itertools
 import json
 import random
 import shutil
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -825,18 +827,32 @@ class Exchange:
 class HostileServer:
     """A raw HTTP/1.1 server on loopback whose answers try to exhaust or mislead the client.
 
-    ``/huge``: 200 with a 50 MB body streamed as fast as the client reads. ``/trickle``: 200, then
-    a chunked body of one byte every 50 ms that never ends. ``/redirect-private``: 302 to the cloud
+    ``/huge``: 200 with a 50 MB body streamed as fast as the client reads (the status stands once
+    the body passes the client's cap). ``/trickle``: 200, then a chunked body of one byte every
+    50 ms that never ends (never a complete answer). ``/redirect-private``: 302 to the cloud
     metadata address. ``/redirect-here``: 302 to ``/stolen`` on this server. ``/huge-headers``:
     a 200 whose header line is 256 KB. ``/slow-headers``: a status line, then a header one byte
-    every 50 ms, never finished. ``/not-http``: another protocol's greeting. Each exchange records
-    when the client let go.
+    every 50 ms, never finished. ``/not-http``: another protocol's greeting. ``/double``: two
+    complete responses in one segment. ``/byte-by-byte``: a 200 written one byte at a time.
+    ``/reset-mid-body``: a head promising 100 bytes, 10 of them, then a TCP reset.
+    ``/bad-chunked``: a chunked 200 whose first chunk size is not hexadecimal. A second port
+    (:meth:`tls_url`) answers a TLS client hello with garbage. A third port (:meth:`stage_url`)
+    answers every request with a 204 and keep-alive and, whenever a connection has been idle for
+    20 ms, stages an unsolicited 204 on it: the client must close such a connection rather than
+    take the staged bytes as the next answer (a request already on its way when the bytes are
+    staged is the race no HTTP/1.1 client can close: the unit tests pin the client's check
+    deterministically). It has a port of its own so that its keep-alive connections are not
+    reused for the other paths. Each exchange records when the client let go.
     """
 
     HUGE = 50 * 1024 * 1024
+    STAGED = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
 
     def __init__(self) -> None:
         self.port = free_port()
+        self.tls_port = free_port()
+        self.stage_port = free_port()
+        self.garbage_sent = 0
         self.exchanges: list[Exchange] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -845,6 +861,12 @@ class HostileServer:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    def tls_url(self) -> str:
+        return f"https://127.0.0.1:{self.tls_port}/tls-garbage"
+
+    def stage_url(self) -> str:
+        return f"http://127.0.0.1:{self.stage_port}/stage"
 
     def start(self) -> HostileServer:
         self._thread.start()
@@ -863,21 +885,44 @@ class HostileServer:
     async def _main(self) -> None:
         self._stopping = asyncio.Event()
         server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+        garbage = await asyncio.start_server(self._tls_garbage, "127.0.0.1", self.tls_port)
+        stage = await asyncio.start_server(self._stage, "127.0.0.1", self.stage_port)
         self._ready.set()
         await self._stopping.wait()
-        server.close()
+        for each in (server, garbage, stage):
+            each.close()
+
+    async def _tls_garbage(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Read the client hello, answer with bytes that are no TLS record, then close."""
+        try:
+            await reader.read(4096)
+            writer.write(b"\x17\x03\x03\xff\xff" + bytes(range(256)) * 8)
+            await writer.drain()
+            self.garbage_sent += 1
+            await asyncio.wait_for(_until_closed(reader), 10)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    async def _head(self, reader: asyncio.StreamReader) -> tuple[str, dict[str, str]]:
+        """Read one request (head and body): its path and headers."""
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+        lines = head.split("\r\n")
+        path = lines[0].split(" ")[1]
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines[1:] if line)
+        }
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        return path, headers
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         opened = time.time()
         try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            lines = head.split("\r\n")
-            path = lines[0].split(" ")[1]
-            headers = {
-                name.strip().lower(): value.strip()
-                for name, _, value in (line.partition(":") for line in lines[1:] if line)
-            }
-            await reader.readexactly(int(headers.get("content-length", "0")))
+            path, headers = await self._head(reader)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, IndexError):
             writer.close()
             return
@@ -885,9 +930,36 @@ class HostileServer:
         self.exchanges.append(exchange)
         let_go = asyncio.ensure_future(_until_closed(reader))
         try:
-            if path == "/huge":
+            if path == "/double":
+                exchange.status = 0  # no answer the client may take
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+                    b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
+                )
+                await writer.drain()
+            elif path == "/byte-by-byte":
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok":
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.005)
+                exchange.closed = time.time()  # answered; the client may keep the connection
+            elif path == "/reset-mid-body":
+                exchange.status = 0
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
+            elif path == "/bad-chunked":
+                exchange.status = 0
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+                await writer.drain()
+            elif path == "/huge":
                 await self._huge(writer, let_go, exchange)
             elif path == "/trickle":
+                exchange.status = 0  # a body that never ends: no complete answer to take
                 await self._trickle(writer, let_go)
             elif path.startswith("/redirect"):
                 exchange.status = 302
@@ -922,7 +994,7 @@ class HostileServer:
         except (OSError, TimeoutError):
             pass
         finally:
-            exchange.closed = time.time()
+            exchange.closed = exchange.closed or time.time()
             let_go.cancel()
             writer.close()
 
@@ -948,6 +1020,30 @@ class HostileServer:
             writer.write(b"1\r\nx\r\n")
             await writer.drain()
             await asyncio.wait([let_go], timeout=0.05)
+
+    async def _stage(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A 204 with keep-alive to every request; an unsolicited 204 on an idle connection."""
+        staged = False
+        try:
+            while True:
+                try:
+                    path, headers = await asyncio.wait_for(self._head(reader), 0.02)
+                except TimeoutError:
+                    if not staged:
+                        writer.write(self.STAGED)  # nobody asked for this one
+                        await writer.drain()
+                        staged = True
+                    continue
+                exchange = Exchange(path, headers.get("webhook-id", ""), 204, time.time())
+                self.exchanges.append(exchange)
+                writer.write(self.STAGED)
+                await writer.drain()
+                exchange.closed = time.time()
+                staged = False
+        except (OSError, asyncio.IncompleteReadError, IndexError):
+            pass
+        finally:
+            writer.close()
 
     def requests(self) -> list[Request]:
         return [Request(e.message_id, e.status, e.opened) for e in list(self.exchanges)]
@@ -980,67 +1076,101 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def test_hostile_receivers_cost_bounded_memory_and_time(
-    hostile: HostileServer, bridge_setup: Setup, seed: int, capsys: pytest.CaptureFixture[str]
+    hostile: HostileServer,
+    receiver: Receiver,
+    bridge_setup: Setup,
+    seed: int,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Every hostile answer ends its attempt in time and as what it is; healthy webhooks of the
+    same account (so on the same records and partitions) and of another account get everything
+    at once; every pair ends received or dead-lettered and every offset is committed."""
     rng = scenario_rng(seed, "hostile")
     timeout = 1.0
-    outcomes = {  # path -> (received, last status, last error prefix)
-        "/huge": (True, "", ""),
-        "/trickle": (True, "", ""),
-        "/redirect-private": (False, "302", "HTTP 302"),
-        "/redirect-here": (False, "302", "HTTP 302"),
-        "/huge-headers": (False, "", "invalid_response"),
-        "/slow-headers": (False, "", "timeout"),
-        "/not-http": (False, "", "invalid_response"),
+    outcomes = {  # path -> (received, last status, accepted last error prefixes)
+        "/huge": (True, "", ()),
+        "/byte-by-byte": (True, "", ()),
+        "/stage": (True, "", ()),
+        "/trickle": (False, "", ("timeout",)),
+        "/redirect-private": (False, "302", ("HTTP 302",)),
+        "/redirect-here": (False, "302", ("HTTP 302",)),
+        "/huge-headers": (False, "", ("invalid_response",)),
+        "/slow-headers": (False, "", ("timeout",)),
+        "/not-http": (False, "", ("invalid_response",)),
+        "/double": (False, "", ("invalid_response",)),
+        "/reset-mid-body": (False, "", ("connection_error", "invalid_response")),
+        "/bad-chunked": (False, "", ("invalid_response",)),
+        "/tls-garbage": (False, "", ("tls_error", "connection_error")),
     }
-    hooks = [webhook(p.strip("/"), "acct_h", hostile.url(p)) for p in outcomes]
+    urls = {path: hostile.url(path) for path in outcomes} | {
+        "/tls-garbage": hostile.tls_url(),
+        "/stage": hostile.stage_url(),
+    }
+    hooks = [webhook(path.strip("/"), "acct_h", url) for path, url in urls.items()]
+    healthy = [
+        webhook("healthy-same-account", "acct_h", receiver.url("/same")),
+        webhook("healthy-other-account", "acct_ok", receiver.url("/other")),
+    ]
     setup = bridge_setup(
-        hooks,
+        hooks + healthy,
         retry={"attempts": 1, "first_delay_ms": 100, "increment_ms": 100},
         delivery={"timeout_seconds": timeout},
     )
-    records = stream_records(rng, 6 * SCALE, ["acct_h"])
-    ledger = Ledger(hooks)
+    records = stream_records(rng, 12 * SCALE, ["acct_h", "acct_ok"])
+    ledger = Ledger(hooks + healthy)
     pairs = ledger.expect(records)
 
     bridge = setup.start_bridge()
     assert bridge.process is not None
+    produced = time.time()
     produce_items(setup.bootstrap, setup.source, encoded(records))
-    verdict = settle(setup, ledger, hostile.requests)
+    verdict = settle(setup, ledger, lambda: hostile.requests() + receiver_requests(receiver))
 
     peak = peak_rss_mb(bridge.process.pid)
     exchanges = list(hostile.exchanges)
     slowest = max(e.closed - e.opened for e in exchanges)
     most_read = max(e.body_bytes_sent for e in exchanges)
+    healthy_lag = max(r.at for r in receiver.requests) - produced
     report(
         capsys,
         verdict.summary(
             "hostile",
             seed,
-            faults=len(exchanges),
+            faults=len(exchanges) + hostile.garbage_sent,
             peak_rss_mb=round(peak),
             slowest_s=round(slowest, 2),
             max_body_sent_mb=round(most_read / 2**20, 1),
+            healthy_last_s=round(healthy_lag, 2),
         ),
     )
+    owners = {pair.message_id: pair.webhook_id for pair in pairs}
+    assert verdict.duplicated_pairs == [], [owners[m] for m in verdict.duplicated_pairs]
     verdict.assert_exactly_once()
     wrong = []
     for pair in pairs:
-        received, status, error = outcomes["/" + pair.webhook_id]
+        if pair.webhook_id.startswith("healthy"):
+            if pair.message_id not in verdict.received:
+                wrong.append(f"{pair.webhook_id}: not received")
+            continue
+        received, status, errors = outcomes["/" + pair.webhook_id]
         if received != (pair.message_id in verdict.received):
             wrong.append(f"{pair.webhook_id}: received={not received}")
         if not received:
             headers = verdict.dead[pair.message_id][0].headers
             if headers["bridge-last-status"] != status or not headers[
                 "bridge-last-error"
-            ].startswith(error):
+            ].startswith(errors):
                 wrong.append(
                     f"{pair.webhook_id}: {headers['bridge-last-status']!r} "
                     f"{headers['bridge-last-error']!r}"
                 )
     assert wrong == [], "\n".join(sorted(set(wrong)))
     assert not [e for e in exchanges if e.path == "/stolen"], "a redirect was followed"
+    assert hostile.garbage_sent > 0, "the TLS receiver was never reached"
     assert slowest <= timeout + 1.0, f"a request held the bridge {slowest:.1f}s"
+    assert healthy_lag < 5.0, f"healthy webhooks waited {healthy_lag:.1f}s behind hostile ones"
     assert most_read < HostileServer.HUGE / 4, f"{most_read} bytes of a huge body were read"
     assert peak < 200, f"the bridge's peak memory was {peak:.0f} MB"
+    assert bridge.gauge("bridge_delivery_errors_total") == 0, "the engine's guard had to step in"
+    assert_no_traceback(bridge)
     assert alive(bridge)
