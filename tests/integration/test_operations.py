@@ -145,6 +145,63 @@ def test_invalid_config_reload_keeps_the_old_one(receiver: Receiver, bridge_setu
     wait_for(lambda: receiver.received_ids("/hook"), 30, message="delivery under the old config")
 
 
+HOSTILE_FIELDS = {  # a webhook field written as an attacker (or a typo) would
+    "tagged secret": ("secret", "!!int hunter2-not-a-number"),
+    "timestamp secret": ("secret", "!!timestamp hunter2-nope"),
+    "unknown tag": ("secret", "!!python/object/apply:os.system [hunter2]"),
+    "malformed IPv6 URL": ("url", "'http://[::1/x'"),
+    "empty host label": ("url", "'https://a..example.com/hook'"),
+    "userinfo": ("url", "'https://alice:hunter2-pw@a.example/h'"),
+}
+
+
+def hostile_webhook(field: str, value: str) -> str:
+    """A webhook entry (in the harness's block style) with ``field`` written as ``value``."""
+    fields = {"url": "https://b.example/h", "secret": "s3cret-of-hostile", field: value}
+    lines = [f"  {key}: {text}" for key, text in fields.items()]
+    return "- id: hostile\n  account: acct_2\n  events: [transaction.success]\n" + "\n".join(lines)
+
+
+def test_hostile_config_files_never_stop_reloads(receiver: Receiver, bridge_setup: Setup) -> None:
+    """Each hostile file is rejected and reported (metric, /readyz) without its secret; the
+    bridge keeps delivering with the old webhooks, and a good file applies after all of them."""
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/old"))])
+    bridge = setup.start_bridge()
+    good = bridge.own_config.read_text()
+    assert good.rstrip().endswith("secret: secret-of-hook"), "webhooks come last"
+    for number, (name, (field, value)) in enumerate(HOSTILE_FIELDS.items(), start=1):
+        bridge.own_config.write_text(good + hostile_webhook(field, value) + "\n")
+        wait_for(
+            lambda n=number: bridge.gauge("bridge_config_reloads_total", 'result="rejected"') == n,
+            15,
+            message=f"the {name} file to be rejected",
+        )
+        body = bridge.http("/readyz")[1]  # ready or not is the broker's business here
+        state = json.loads(body)["config"]
+        assert state["in_force"] is False, (name, body)
+        assert any(f"webhook 'hostile': field '{field}'" in p for p in state["rejected"]), body
+        assert "hunter2" not in body
+        assert bridge.gauge("bridge_config_last_reload_successful") == 0
+    assert "hunter2" not in bridge.log_tail(400)
+    assert "Traceback" not in bridge.log_tail(400)
+    setup.produce_records([make_record("tx-under-old", "acct_1")])
+    wait_for(lambda: receiver.received_ids("/old"), 30, message="delivery under the old config")
+    bridge.own_config.write_text(good.replace(receiver.url("/old"), receiver.url("/new")))
+    wait_for(
+        lambda: bridge.gauge("bridge_config_reloads_total", 'result="applied"') == 1,
+        15,
+        message="the good file to apply",
+    )
+    assert json.loads(bridge.http("/readyz")[1])["config"] == {
+        "path": str(bridge.own_config),
+        "in_force": True,
+        "rejected": [],
+    }
+    assert bridge.gauge("bridge_config_last_reload_successful") == 1
+    setup.produce_records([make_record("tx-under-new", "acct_1")])
+    wait_for(lambda: receiver.received_ids("/new"), 30, message="delivery under the new config")
+
+
 def test_broker_unreachable_at_start_keeps_readiness_false(
     receiver: Receiver, bridge_setup: Setup
 ) -> None:

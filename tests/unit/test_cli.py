@@ -53,3 +53,33 @@ def test_check_offline_prints_webhooks_without_secrets(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "test-both" in out and "127.0.0.1:18080" in out
     assert "test-secret" not in out
+
+
+@pytest.mark.parametrize(
+    "webhook",
+    [
+        "secret: !!int hunter2-not-a-number",
+        "secret: !!float hunter2-x\n    url: https://a.example/h",
+        "secret: !!bool hunter2-maybe",
+        "secret: !!timestamp hunter2-nope",
+        "secret: !!python/object:os.system hunter2",
+        "secret: hunter2-inline-value\n    url: 'http://[::1/x'",
+        "secret: hunter2-inline-value\n    url: 'https://alice:hunter2-pw@a.example/h'",
+        "secret: hunter2-inline-value\n    url: 'https://a..example.com/hook'",
+    ],
+)
+def test_check_reports_hostile_input_without_traceback_or_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], webhook: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    head = "webhooks:\n  - id: shop\n    account: a\n    events: [transaction.success]\n"
+    text = f"{head}    {webhook}\n"
+    if "url:" not in webhook:
+        text += "    url: https://a.example/h\n"
+    bad.write_text(text)
+    assert main(["check", "--offline", "-c", str(bad)]) == 2
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert f"{bad}:" in output and "webhook 'shop': field '" in output
+    assert "Traceback" not in output
+    assert "hunter2" not in output
