@@ -2,9 +2,9 @@
 
 Everything runs in one command on this machine, side by side, because absolute numbers on a shared
 machine drift: the real broker (started unless ``KAFKA_BOOTSTRAP_SERVERS`` is set), a fast receiver
-in its own process, the bridge in its own process, and the reference loops (raw consumption, a
-tight aiohttp client, a hand-written consume-POST-commit loop). Results print as a table and are
-written as JSON.
+and a hostile one (``bridge.bench_hostile``) each in its own process, the bridge in its own
+process, and the reference loops (raw consumption, a tight aiohttp client, a hand-written
+consume-POST-commit loop). Results print as a table and are written as JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bridge.bench_hostile import HOSTILE_PATHS
 from bridge.decoding import Decoder
 from bridge.devkafka import CACHE, Broker, free_port, stop_process
 from bridge.encoding import load_schema_file
@@ -80,6 +81,9 @@ class Stage:
     workdir: Path
     receiver_port: int = field(default_factory=free_port)
     receiver: subprocess.Popen[bytes] | None = None
+    hostile_port: int = field(default_factory=free_port)
+    hostile_early_port: int = field(default_factory=free_port)
+    hostile: subprocess.Popen[bytes] | None = None
     schema: Any = None
     parsed: Any = None
     schedule_lag: dict[str, float] = field(default_factory=dict)  # of the last produce_at_rate
@@ -117,12 +121,7 @@ class Stage:
         return f"http://127.0.0.1:{self.receiver_port}{path}"
 
     def _get(self, path: str) -> dict[str, Any] | None:
-        try:
-            with urllib.request.urlopen(self.url(path), timeout=5) as response:
-                result: dict[str, Any] = json.loads(response.read())
-                return result
-        except OSError:
-            return None
+        return _get_json(self.url(path))
 
     def received(self) -> int:
         stats = self._get("/__stats")
@@ -135,6 +134,55 @@ class Stage:
             pass
         lines = (self.workdir / "receiver.jsonl").read_text().splitlines()
         return [tuple(json.loads(line)) for line in lines]
+
+    # ---- the hostile receiver --------------------------------------------------------------
+
+    def start_hostile(self) -> None:
+        self.stop_hostile()
+        self.hostile = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bridge.bench_hostile",
+                "--port",
+                str(self.hostile_port),
+                "--early-port",
+                str(self.hostile_early_port),
+            ],
+        )
+        _wait(lambda: self.hostile_connections() >= 0, 15, "the hostile receiver to listen")
+
+    def stop_hostile(self) -> None:
+        if self.hostile is not None:
+            self.hostile.terminate()
+            self.hostile.wait(10)
+            self.hostile = None
+
+    def hostile_url(self, path: str) -> str:
+        """The hostile receiver's URL for one of its paths (``/early`` has a port of its own)."""
+        port = self.hostile_early_port if path.startswith("/early") else self.hostile_port
+        return f"http://127.0.0.1:{port}{path}"
+
+    def hostile_connections(self) -> int:
+        """How many connections the hostile receiver accepted so far; -1 when it does not answer."""
+        stats = _get_json(self.hostile_url("/__stats"))
+        return int(stats["connections"]) if stats else -1
+
+    def hostile_cpu_seconds(self) -> float:
+        """The CPU seconds the hostile receiver has used so far: it shares the machine."""
+        return process_cpu_seconds(self.hostile.pid) if self.hostile is not None else 0.0
+
+    def hostile_hooks(self) -> list[dict[str, Any]]:
+        """One webhook of ``acct_hostile`` per hostile path, each with a 1 s timeout."""
+        return [
+            {
+                "id": "hostile-" + path.strip("/"),
+                "account": "acct_hostile",
+                "url": self.hostile_url(path),
+                "timeout_seconds": 1.0,
+            }
+            for path in HOSTILE_PATHS
+        ]
 
     # ---- Kafka -----------------------------------------------------------------------------
 
@@ -184,6 +232,11 @@ class Stage:
 
     def produce_backlog(self, topic: str, count: int, account: str) -> list[str]:
         """Produce ``count`` records as fast as possible; returns their transaction ids."""
+        return self.produce_records(topic, [account] * count)
+
+    def produce_records(self, topic: str, accounts: list[str]) -> list[str]:
+        """Produce one record per entry of ``accounts`` (its account holder), in that order, as
+        fast as possible; returns their transaction ids."""
         producer = Producer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -193,11 +246,12 @@ class Stage:
                 **QUIET,
             }
         )
-        template = make_record("x", account)
+        template = make_record("x", accounts[0] if accounts else "acct")
         ids = []
-        for index in range(count):
+        for index, account in enumerate(accounts):
             transaction_id = f"tx-{index:08d}-{uuid.uuid4().hex[:6]}"
-            value = self.encode({**template, "transactionId": transaction_id})
+            record = {**template, "transactionId": transaction_id, "accountHolderId": account}
+            value = self.encode(record)
             while True:
                 try:
                     producer.produce(topic, value=value, key=transaction_id.encode())
@@ -318,6 +372,43 @@ class Stage:
         finally:
             stop_process(process, 60)
             log.close()
+
+
+def _get_json(url: str) -> dict[str, Any] | None:
+    """GET ``url`` as JSON; None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            result: dict[str, Any] = json.loads(response.read())
+            return result
+    except OSError:
+        return None
+
+
+def interleave(counts: dict[str, int]) -> list[str]:
+    """Each key repeated its count of times, the keys spread evenly through the whole list
+    (``{"a": 4, "b": 1}`` gives ``a a b a a``): records of two accounts in one backlog share the
+    partitions and the stretch of time, rather than one account's records coming after the
+    other's."""
+    spread = sorted(
+        ((index + 0.5) / count, order, key)
+        for order, (key, count) in enumerate(counts.items())
+        for index in range(count)
+    )
+    return [key for _, _, key in spread]
+
+
+def cpu_seconds(stat: str) -> float:
+    """User plus system CPU seconds from the text of ``/proc/PID/stat``."""
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """The CPU seconds the process has used so far (0 where /proc is not available)."""
+    try:
+        return cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+    except OSError:
+        return 0.0
 
 
 def _wait(
@@ -572,18 +663,30 @@ def scenario_retry_timing(stage: Stage, records: int, attempts: int) -> dict[str
     }
 
 
-def scenario_isolation(stage: Stage, rate: float, seconds: float, hang: bool) -> dict[str, Any]:
-    """The healthy webhook's latency, with a hung webhook beside it (or alone)."""
+NEIGHBOURS = ("none", "hung", "hostile")
+
+
+def scenario_isolation(stage: Stage, rate: float, seconds: float, neighbour: str) -> dict[str, Any]:
+    """The healthy webhook's latency alone (``neighbour`` "none"), beside a hung webhook ("hung")
+    or beside a hostile neighbour ("hostile": one webhook of ``acct_hostile`` per path of
+    ``bridge.bench_hostile``, 1 s timeout each). A neighbour's account gets records at the same
+    rate as the healthy one's."""
+    if neighbour not in NEIGHBOURS:
+        raise ValueError(f"neighbour must be one of {NEIGHBOURS}, not {neighbour!r}")
     topic = stage.new_topics()
     hooks: list[dict[str, Any]] = [
         {"id": "healthy", "account": "acct_ok", "url": stage.url("/ok/healthy")}
     ]
     accounts = ["acct_ok"]
-    if hang:
+    if neighbour == "hung":
         hooks.append(
             {"id": "hung", "account": "acct_hung", "url": stage.url("/hang"), "concurrency": 16}
         )
         accounts.append("acct_hung")
+    elif neighbour == "hostile":
+        hooks += stage.hostile_hooks()
+        accounts.append("acct_hostile")
+    connections, hostile_cpu = stage.hostile_connections(), stage.hostile_cpu_seconds()
     with stage.bridge(topic, hooks, timeout=5.0) as process:
         _wait_assigned(stage, topic)
         stamps, warm = stage.produce_at_rate(
@@ -591,37 +694,104 @@ def scenario_isolation(stage: Stage, rate: float, seconds: float, hang: bool) ->
         )
         healthy = {tx: ts for tx, (ts, account) in stamps.items() if account == "acct_ok"}
         expected = len(healthy) + warm
-        _wait(lambda: stage.received() >= expected, 60, "healthy deliveries", 0.2, process)
+        # Generous: beside a hostile neighbour the healthy deliveries may trail by many seconds,
+        # and that is a result to report, not a reason to abort the benchmark.
+        _wait(lambda: stage.received() >= expected, 300, "healthy deliveries", 0.2, process)
+        cpu = process_cpu_seconds(process.pid)
     arrivals = {e[2]: e[0] for e in stage.dump() if e[3] == 200 and e[1].startswith("/ok")}
     latencies = [
         arrivals[message_id(tx, SUCCESS, "healthy")] - ts
         for tx, ts in healthy.items()
         if message_id(tx, SUCCESS, "healthy") in arrivals
     ]
-    return {"hung_beside": hang, **summary_ms(latencies), "producer_lag_ms": stage.schedule_lag}
+    result = {
+        "neighbour": neighbour,
+        **summary_ms(latencies),
+        "bridge_cpu_s": round(cpu, 2),
+        "producer_lag_ms": stage.schedule_lag,
+    }
+    if neighbour == "hostile":
+        result["hostile_connections"] = stage.hostile_connections() - connections
+        result["hostile_cpu_s"] = round(stage.hostile_cpu_seconds() - hostile_cpu, 2)
+    return result
+
+
+LATENCY_KEYS = ("count", "p50_ms", "p95_ms", "p99_ms", "max_ms")
+ISOLATION_KEYS = (*LATENCY_KEYS, "bridge_cpu_s")
+THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "peak_rss_mb")
+NEIGHBOUR_KEYS = ("seconds", "deliveries_per_s", "cpu_seconds")
 
 
 def scenario_isolation_rounds(
     stage: Stage, rate: float, seconds: float, rounds: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The isolation scenario alone and beside a hung webhook, alternately, ``rounds`` times each.
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The isolation scenario alone, beside a hung webhook and beside a hostile neighbour, in
+    turn, ``rounds`` times each.
 
     On two shared cores the p99 of one 20 s window swings by a factor of two from run to run (the
-    broker's JIT and garbage collector, the host), with or without a hung webhook. Each side is
+    broker's JIT and garbage collector, the host), with or without a neighbour. Each side is
     summarised by the median of its rounds (p99 the median of the rounds' p99s); every round is
     kept in ``rounds``. Each hung round has its own onset inside its window.
     """
-    alone: list[dict[str, Any]] = []
-    hung: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {neighbour: [] for neighbour in NEIGHBOURS}
     for number in range(1, rounds + 1):
-        _say(f"isolation round {number}/{rounds}: alone, then beside a hung webhook")
-        alone.append(scenario_isolation(stage, rate, seconds, False))
-        hung.append(scenario_isolation(stage, rate, seconds, True))
-    return _median_of(alone), _median_of(hung)
+        _say(
+            f"isolation round {number}/{rounds}: alone, beside a hung webhook, beside a hostile one"
+        )
+        for neighbour, done in runs.items():
+            done.append(scenario_isolation(stage, rate, seconds, neighbour))
+    alone, hung, hostile = (_median_of(runs[n], ISOLATION_KEYS) for n in NEIGHBOURS)
+    return alone, hung, hostile
 
 
-LATENCY_KEYS = ("count", "p50_ms", "p95_ms", "p99_ms", "max_ms")
-THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "peak_rss_mb")
+def scenario_neighbour_throughput(stage: Stage, records: int, hostile: bool) -> dict[str, Any]:
+    """The healthy webhook through a backlog of ``records``, alone or with ``records // 4``
+    records of the hostile neighbour's account interleaved in the same topic (so on the same
+    partitions): healthy deliveries/s from the bridge's start to the last healthy 2xx."""
+    topic = stage.new_topics()
+    counts = {"acct_ok": records}
+    hooks: list[dict[str, Any]] = [
+        {"id": "healthy", "account": "acct_ok", "url": stage.url("/ok/healthy")}
+    ]
+    if hostile:
+        counts["acct_hostile"] = records // 4
+        hooks += stage.hostile_hooks()
+    stage.produce_records(topic, interleave(counts))
+    connections, hostile_cpu = stage.hostile_connections(), stage.hostile_cpu_seconds()
+    started = time.time()
+    with stage.bridge(topic, hooks) as process:
+        _wait(
+            lambda: stage.received() >= records, 900, f"{records} healthy deliveries", 0.2, process
+        )
+        cpu = process_cpu_seconds(process.pid)
+    last = max(entry[0] for entry in stage.dump() if entry[3] == 200)
+    elapsed = last - started
+    result = {
+        "records": records,
+        "neighbour": "hostile" if hostile else "none",
+        "neighbour_records": counts.get("acct_hostile", 0),
+        "seconds": round(elapsed, 2),
+        "deliveries_per_s": round(records / elapsed),
+        "cpu_seconds": round(cpu, 2),
+    }
+    if hostile:
+        result["hostile_connections"] = stage.hostile_connections() - connections
+        result["hostile_cpu_s"] = round(stage.hostile_cpu_seconds() - hostile_cpu, 2)
+    return result
+
+
+def scenario_neighbour_rounds(
+    stage: Stage, records: int, rounds: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`scenario_neighbour_throughput` alone and beside the hostile neighbour, alternately,
+    ``rounds`` times each; the medians, every round kept."""
+    alone: list[dict[str, Any]] = []
+    beside: list[dict[str, Any]] = []
+    for number in range(1, rounds + 1):
+        _say(f"neighbour throughput round {number}/{rounds}: alone, then beside a hostile one")
+        alone.append(scenario_neighbour_throughput(stage, records, False))
+        beside.append(scenario_neighbour_throughput(stage, records, True))
+    return _median_of(alone, NEIGHBOUR_KEYS), _median_of(beside, NEIGHBOUR_KEYS)
 
 
 def _median_of(
@@ -670,6 +840,7 @@ class Sizes:
     retry_records: int = 200
     isolation_seconds: float = 20.0
     isolation_rounds: int = 3
+    neighbour_backlog: int = 20_000
     throughput_rounds: int = 2
     memory_records: int = 200_000
     pure_records: int = 200_000
@@ -683,6 +854,7 @@ QUICK = Sizes(
     retry_records=20,
     isolation_seconds=5.0,
     isolation_rounds=1,
+    neighbour_backlog=1_000,
     throughput_rounds=1,
     memory_records=2_000,
     pure_records=20_000,
@@ -705,6 +877,12 @@ TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     ),
     "healthy p99 with a hung webhook <= 2x alone": lambda r: (
         r["isolation_hung"]["p99_ms"] <= 2 * max(r["isolation_alone"]["p99_ms"], 1.0)
+    ),
+    "healthy p99 beside a hostile neighbour <= 1.5x alone": lambda r: (
+        r["isolation_hostile"]["p99_ms"] <= 1.5 * max(r["isolation_alone"]["p99_ms"], 1.0)
+    ),
+    "healthy throughput beside a hostile neighbour >= alone / 1.5": lambda r: (
+        r["neighbour_hostile"]["deliveries_per_s"] >= r["neighbour_alone"]["deliveries_per_s"] / 1.5
     ),
     "peak RSS < 200 MB": lambda r: r["memory"]["peak_rss_mb"] < 200,
     "pure path >= 50,000 records/s": lambda r: r["pure"]["records_per_s"] >= 50_000,
@@ -773,14 +951,24 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
             if not wanted("latency"):  # a broker fresh from start-up is still compiling its code
                 _say("warming the broker up with the latency scenario (not reported)")
                 scenario_latency(stage, 1000, sizes.latency_seconds)
-            _say("isolation: a healthy webhook alone, then beside a hung one")
-            results["isolation_alone"], results["isolation_hung"] = scenario_isolation_rounds(
+            stage.start_hostile()
+            _say("isolation: a healthy webhook alone, beside a hung one, beside a hostile one")
+            (
+                results["isolation_alone"],
+                results["isolation_hung"],
+                results["isolation_hostile"],
+            ) = scenario_isolation_rounds(
                 stage, 500, sizes.isolation_seconds, sizes.isolation_rounds
+            )
+            _say("isolation: a healthy backlog alone, then beside a hostile neighbour's records")
+            results["neighbour_alone"], results["neighbour_hostile"] = scenario_neighbour_rounds(
+                stage, sizes.neighbour_backlog, sizes.isolation_rounds
             )
         if wanted("memory"):
             _say("memory: a failing backlog through the whole ladder")
             results["memory"] = scenario_memory(stage, sizes.memory_records)
     finally:
+        stage.stop_hostile()
         stage.stop_receiver()
         if broker is not None:
             broker.stop()

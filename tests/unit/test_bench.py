@@ -1,13 +1,32 @@
-"""The benchmark's pure helpers: summaries of repeated rounds and the table."""
+"""The benchmark's pure helpers: summaries of repeated rounds, the table, the targets."""
 
 from __future__ import annotations
 
-from bridge.bench import THROUGHPUT_KEYS, _median_of, render
+import os
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from bridge.bench import (
+    NEIGHBOUR_KEYS,
+    QUICK,
+    TARGETS,
+    THROUGHPUT_KEYS,
+    Sizes,
+    Stage,
+    _median_of,
+    cpu_seconds,
+    interleave,
+    render,
+    scenario_isolation,
+)
+from bridge.bench_hostile import HOSTILE_PATHS
 
 
-def _round(p99: float, hung: bool = True) -> dict[str, object]:
+def _round(p99: float, neighbour: str = "hung") -> dict[str, object]:
     return {
-        "hung_beside": hung,
+        "neighbour": neighbour,
         "count": 100,
         "p50_ms": 1.0,
         "p95_ms": 2.0,
@@ -21,7 +40,7 @@ def test_rounds_are_summarised_by_their_median_and_kept() -> None:
     summary = _median_of(rounds)
     assert summary["p99_ms"] == 9.0
     assert summary["max_ms"] == 27.0
-    assert summary["hung_beside"] is True
+    assert summary["neighbour"] == "hung"
     assert summary["rounds"] == rounds
 
 
@@ -64,3 +83,126 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
     assert summary["metrics"] is True and summary["records"] == 10
     table = render({"machine": {}, "throughput": summary})
     assert '"round_deliveries_per_s": [5, 10]' in table
+
+
+def test_interleave_spreads_the_smaller_account_evenly() -> None:
+    assert interleave({"a": 4, "b": 1}) == ["a", "a", "b", "a", "a"]
+    assert interleave({"a": 2, "b": 2}) == ["a", "b", "a", "b"]
+    mixed = interleave({"ok": 1000, "hostile": 250})
+    assert Counter(mixed) == {"ok": 1000, "hostile": 250}
+    # every stretch of 25 records holds 5 of the neighbour's: never one set after the other
+    for start in range(0, len(mixed), 25):
+        assert mixed[start : start + 25].count("hostile") == 5
+    assert interleave({"ok": 3, "none": 0}) == ["ok", "ok", "ok"]
+    assert interleave({}) == []
+
+
+def test_cpu_seconds_reads_user_and_system_time_past_the_command_name() -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    # a command name with spaces and a parenthesis must not shift the fields
+    fields = ["S", *["0"] * 10, str(3 * ticks), str(ticks), *["0"] * 30]
+    stat = "1234 (python -m (x) y) " + " ".join(fields)
+    assert cpu_seconds(stat) == 4.0
+    with open("/proc/self/stat") as own:
+        assert cpu_seconds(own.read()) > 0
+
+
+def _latency(p99: float) -> dict[str, Any]:
+    return {"p99_ms": p99}
+
+
+def _targets(results: dict[str, Any]) -> dict[str, bool]:
+    """What ``run`` does with TARGETS: a target whose scenario did not run is left out."""
+    verdicts = {}
+    for name, check in TARGETS.items():
+        try:
+            verdicts[name] = bool(check(results))
+        except KeyError:
+            continue
+    return verdicts
+
+
+P99_HOSTILE = "healthy p99 beside a hostile neighbour <= 1.5x alone"
+RATE_HOSTILE = "healthy throughput beside a hostile neighbour >= alone / 1.5"
+
+
+@pytest.mark.parametrize(
+    ("alone", "hostile", "met"),
+    [(4.0, 6.0, True), (4.0, 6.1, False), (0.2, 1.5, True), (0.2, 1.6, False)],
+)
+def test_hostile_latency_target_is_one_and_a_half_times_alone(
+    alone: float, hostile: float, met: bool
+) -> None:
+    results = {"isolation_alone": _latency(alone), "isolation_hostile": _latency(hostile)}
+    assert _targets(results) == {P99_HOSTILE: met}  # an alone p99 under 1 ms counts as 1 ms
+
+
+@pytest.mark.parametrize(
+    ("alone", "hostile", "met"), [(15_000, 10_000, True), (15_000, 9_999, False)]
+)
+def test_hostile_throughput_target_is_alone_over_one_and_a_half(
+    alone: int, hostile: int, met: bool
+) -> None:
+    results = {
+        "neighbour_alone": {"deliveries_per_s": alone},
+        "neighbour_hostile": {"deliveries_per_s": hostile},
+    }
+    assert _targets(results) == {RATE_HOSTILE: met}
+
+
+def test_hostile_targets_are_left_out_when_their_scenario_did_not_run() -> None:
+    only_hung = {"isolation_alone": _latency(4.0), "isolation_hung": _latency(5.0)}
+    assert set(_targets(only_hung)) == {"healthy p99 with a hung webhook <= 2x alone"}
+
+
+def test_neighbour_rounds_and_new_rows_show_in_the_table() -> None:
+    def rate_round(rate: int, neighbour: str) -> dict[str, Any]:
+        return {
+            "records": 1000,
+            "neighbour": neighbour,
+            "seconds": 1000 / rate,
+            "deliveries_per_s": rate,
+            "cpu_seconds": 2.0,
+        }
+
+    alone = _median_of([rate_round(900, "none"), rate_round(1100, "none")], NEIGHBOUR_KEYS)
+    hostile = _median_of([rate_round(500, "hostile"), rate_round(700, "hostile")], NEIGHBOUR_KEYS)
+    assert alone["deliveries_per_s"] == 1000 and hostile["deliveries_per_s"] == 600
+    results = {
+        "machine": {},
+        "isolation_alone": _median_of([_round(4.0, "none")]),
+        "isolation_hostile": _median_of([_round(9.0, "hostile")]),
+        "neighbour_alone": alone,
+        "neighbour_hostile": hostile,
+    }
+    results["targets"] = _targets(results)
+    table = render(results)
+    rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isalpha()}
+    assert '"round_p99_ms": [9.0]' in rows["isolation_hostile"]
+    assert '"neighbour": "hostile"' in rows["isolation_hostile"]
+    assert '"round_deliveries_per_s": [500, 700]' in rows["neighbour_hostile"]
+    assert "[MISSED] " + P99_HOSTILE in table
+    assert "[MISSED] " + RATE_HOSTILE in table
+
+
+def test_the_hostile_neighbour_has_one_webhook_per_path_with_a_short_timeout(
+    tmp_path: Any,
+) -> None:
+    stage = Stage("127.0.0.1:9", tmp_path)
+    hooks = stage.hostile_hooks()
+    assert [h["url"].rsplit("/", 1)[1] for h in hooks] == [p.strip("/") for p in HOSTILE_PATHS]
+    assert {h["account"] for h in hooks} == {"acct_hostile"}
+    assert {h["timeout_seconds"] for h in hooks} == {1.0}
+    assert len({h["id"] for h in hooks}) == len(HOSTILE_PATHS)
+    early = stage.hostile_url("/early")
+    assert early == f"http://127.0.0.1:{stage.hostile_early_port}/early"
+    assert stage.hostile_url("/double").startswith(f"http://127.0.0.1:{stage.hostile_port}/")
+
+
+def test_an_unknown_neighbour_is_refused_before_anything_starts(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="neighbour"):
+        scenario_isolation(Stage("127.0.0.1:9", tmp_path), 1, 1, "noisy")
+
+
+def test_quick_sizes_shrink_the_neighbour_backlog() -> None:
+    assert Sizes().neighbour_backlog == 20_000 and QUICK.neighbour_backlog == 1_000
