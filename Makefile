@@ -12,13 +12,14 @@ test: setup lint ## Everything: lint, type-check, unit and integration tests (re
 	$(PY) -m pytest tests
 
 demo: $(STAMP) kafka-jars ## The demo: broker, bridge, sample receiver and producer
-	$(PY) -m bridge demo
+	$(PY) -m devtools demo
 
 setup: $(STAMP) kafka-jars registry-jars prometheus-tools
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check bridge tests deploy
+	$(VENV)/bin/ruff check bridge devtools tests deploy
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 unit: $(STAMP) prometheus-tools
 	$(PY) -m pytest tests/unit
@@ -27,7 +28,7 @@ integration: setup
 	$(PY) -m pytest tests/integration
 
 bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
-	$(PY) -m bridge bench
+	$(PY) -m devtools bench
 
 broker-start: $(STAMP) kafka-jars
 	$(PY) deploy/kafka/broker.py start
@@ -41,7 +42,7 @@ prometheus-tools:
 
 # Apicurio Registry for the schema-registry integration tests.
 registry-jars: $(STAMP)
-	@$(PY) -m bridge.devregistry fetch >/dev/null
+	@$(PY) -m devtools.devregistry fetch >/dev/null
 
 kafka-jars: $(STAMP)
 	@$(PY) deploy/kafka/broker.py fetch >/dev/null

@@ -13,18 +13,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from bridge.config import Config
-from bridge.consumer import ThreadedConsumer, consumer_settings
-from bridge.decoding import Decoder
-from bridge.delivery import HttpSender
-from bridge.errors import ConfigError
-from bridge.health import health_app, start_health_server
-from bridge.metrics import Metrics
-from bridge.netsafety import DestinationPolicy
-from bridge.pipeline import Pipeline
-from bridge.producer import DurableProducer
-from bridge.registry import SchemaRegistryClient
-from bridge.reload import ConfigWatcher
+from bridge.codec.decoding import Decoder
+from bridge.codec.registry import SchemaRegistryClient
+from bridge.config.reload import ConfigWatcher
+from bridge.core.errors import ConfigError
+from bridge.core.settings import Config
+from bridge.engine.pipeline import Pipeline
+from bridge.http.sender import HttpSender
+from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
+from bridge.kafka.producer import DurableProducer
+from bridge.ops.health import health_app, start_health_server
+from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.app")
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
@@ -47,13 +46,6 @@ def build_decoder(config: Config) -> Decoder:
         config.schemas.directory,
         registry=registry,
         max_record_bytes=config.schemas.max_record_bytes,
-    )
-
-
-def destination_policy(config: Config) -> DestinationPolicy:
-    """The outbound address policy of the ``delivery`` section."""
-    return DestinationPolicy(
-        config.delivery.allow_private_networks, config.delivery.allowed_networks
     )
 
 
@@ -81,11 +73,7 @@ class App:
         self.producer = DurableProducer(
             {**settings, "error_cb": self._on_kafka_error, "log_level": 3}
         )
-        self.sender = HttpSender(
-            destination_policy(config),
-            connect_timeout=config.delivery.connect_timeout_seconds,
-            body_limit=config.delivery.response_body_limit_bytes,
-        )
+        self.sender = HttpSender.from_settings(config.delivery)
         self.pipeline = Pipeline(
             config,
             consumer=self.consumer,

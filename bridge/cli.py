@@ -14,18 +14,18 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 from confluent_kafka import KafkaException
 
 from bridge import __version__
-from bridge.config import Config, load_config
-from bridge.errors import ConfigError
+from bridge.config.loader import load_config
+from bridge.core.errors import ConfigError
+from bridge.core.settings import Config
 
 if TYPE_CHECKING:
-    from bridge.dlq import DeadLetter, Selection
+    from bridge.ops.dlq import DeadLetter, Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
@@ -57,7 +57,8 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _load(args: argparse.Namespace) -> Config:
+def load_config_argument(args: argparse.Namespace) -> Config:
+    """The configuration named by ``--config`` or ``$BRIDGE_CONFIG`` (CliError if neither)."""
     path = args.config or os.environ.get(CONFIG_ENV)
     if not path:
         raise CliError(
@@ -93,9 +94,9 @@ def parse_time(text: str, now: float | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume and deliver until SIGTERM/SIGINT."""
-    from bridge import logs
+    from bridge.ops import logs
 
-    config = _load(args)
+    config = load_config_argument(args)
     logs.configure(config.logging.format, config.logging.level)
     run_event_loop(_run_app(config))
     return EXIT_OK
@@ -120,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Validate the configuration and schemas, print the webhooks, and reach Kafka."""
     from bridge.app import build_decoder
 
-    config = _load(args)
+    config = load_config_argument(args)
     build_decoder(config)
     rows = [
         [
@@ -169,9 +170,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     """Create the source, delay and dead-letter topics (or print the plan with --dry-run)."""
-    from bridge.topics import apply_plan, kafka_reason, plan_topics
+    from bridge.kafka.topics import apply_plan, kafka_reason, plan_topics
 
-    config = _load(args)
+    config = load_config_argument(args)
     plans = plan_topics(config)
     rows = [
         [
@@ -210,9 +211,9 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 def cmd_test_webhook(args: argparse.Namespace) -> int:
     """Send one signed test delivery to a webhook and print whether it counts as received."""
-    from bridge.testdelivery import send_test_delivery
+    from bridge.ops.testdelivery import send_test_delivery
 
-    config = _load(args)
+    config = load_config_argument(args)
     webhook = next((w for w in config.webhooks if w.id == args.webhook_id), None)
     if webhook is None:
         known = ", ".join(w.id for w in config.webhooks) or "none"
@@ -232,14 +233,14 @@ def cmd_test_webhook(args: argparse.Namespace) -> int:
 
 
 def _selection(args: argparse.Namespace) -> Selection:
-    from bridge.dlq import Selection
+    from bridge.ops.dlq import Selection
 
     return Selection(args.webhook, args.reason, args.since, args.until)
 
 
 def _dead_letters(config: Config) -> list[DeadLetter]:
     """Every dead letter, or a clear error when the topic cannot be read."""
-    from bridge.dlq import read_dead_letters
+    from bridge.ops.dlq import read_dead_letters
 
     try:
         return list(read_dead_letters(config))
@@ -255,7 +256,7 @@ def _dead_letters(config: Config) -> list[DeadLetter]:
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     """Print dead letters as a table."""
 
-    config = _load(args)
+    config = load_config_argument(args)
     selection = _selection(args)
     now = time.time_ns() // 1_000_000
     rows = [letter.row(now) for letter in _dead_letters(config) if selection.matches(letter)]
@@ -268,9 +269,9 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
     """Re-inject selected dead letters at attempt 0."""
-    from bridge.dlq import replay
+    from bridge.ops.dlq import replay
 
-    config = _load(args)
+    config = load_config_argument(args)
     if not (args.all or args.webhook or args.reason or args.since or args.until):
         raise CliError(
             "say which dead letters to replay",
@@ -302,84 +303,11 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
 # ---- parser ------------------------------------------------------------------------------------
 
 
-def cmd_receive(args: argparse.Namespace) -> int:
-    """Run the sample receiver until Ctrl-C."""
-    from bridge.sample_receiver import (
-        SampleReceiver,
-        describe_endpoints,
-        parse_path_count,
-        serve,
-    )
-
-    config = _load(args)
-    try:
-        flaky = dict(parse_path_count(text) for text in args.flaky)
-    except ValueError as exc:
-        raise CliError(str(exc), hint="e.g. --flaky /webhooks/flaky:2", code=EXIT_USAGE) from exc
-    color = args.color or (sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
-    receiver = SampleReceiver.from_config(config, flaky=flaky, down=set(args.down), color=color)
-    unknown = (set(flaky) | set(args.down)) - set(receiver.endpoints)
-    if unknown:
-        raise CliError(
-            f"no webhook of {config.path} has the path(s) {', '.join(sorted(unknown))}",
-            code=EXIT_USAGE,
-        )
-
-    def ready() -> None:
-        print(f"sample receiver on http://{args.host}:{args.port}, verifying:", flush=True)
-        print(describe_endpoints(receiver), flush=True)
-
-    try:
-        run_event_loop(serve(receiver, args.host, args.port, ready))
-    except OSError as exc:
-        raise CliError(str(exc), hint="choose another --port") from exc
-    except KeyboardInterrupt:
-        pass
-    return EXIT_OK
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    """Produce sample or JSON-described transactions to the source topic."""
-    from bridge.sample_producer import SampleError, produce, random_records, records_from_json
-
-    config = _load(args)
-    if args.json:
-        try:
-            records = list(records_from_json(Path(args.json)))
-        except (OSError, SampleError, ValueError) as exc:
-            raise CliError(
-                f"cannot read transactions from {args.json}: {exc}", code=EXIT_USAGE
-            ) from exc
-    else:
-        accounts = args.account or sorted({w.account for w in config.webhooks}) or ["acct_demo"]
-        records = list(random_records(args.count, accounts, args.seed))
-
-    def progress(done: int) -> None:
-        if sys.stderr.isatty():
-            print(f"\rproduced {done}/{len(records)}", end="", file=sys.stderr, flush=True)
-
-    try:
-        count = produce(config, records, rate=args.rate, progress=progress)
-    except (RuntimeError, KafkaException) as exc:
-        raise CliError(str(exc), hint="check kafka.bootstrap_servers and the source topic") from exc
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
-    print(f"produced {count} transaction(s) to {config.topics.source}")
-    return EXIT_OK
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Run the demo (see README)."""
-    from bridge.demo import main as demo_main
-
-    return demo_main(args.count, args.rate)
-
-
-def cmd_bench(_args: argparse.Namespace) -> int:
-    """The benchmark with its defaults (``main`` passes ``bridge bench`` options through)."""
-    from bridge.bench import main as bench_main
-
-    return bench_main([])
+def config_argument() -> argparse.ArgumentParser:
+    """The ``-c/--config`` option, as a parent parser for the subcommands that read the file."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("-c", "--config", help=f"configuration file (default: ${CONFIG_ENV})")
+    return parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -390,10 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success, 1 failure, 2 bad usage or invalid configuration.",
     )
     parser.add_argument("--version", action="version", version=f"bridge {__version__}")
-    config_parent = argparse.ArgumentParser(add_help=False)
-    config_parent.add_argument(
-        "-c", "--config", help=f"configuration file (default: ${CONFIG_ENV})"
-    )
+    config_parent = config_argument()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", parents=[config_parent], help="consume and deliver (the service)")
@@ -439,80 +364,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dlq_replay.add_argument("--all", action="store_true", help="replay every dead letter")
     dlq_replay.set_defaults(func=cmd_dlq_replay)
-    receive = sub.add_parser(
-        "receive",
-        parents=[config_parent],
-        help="sample receiver: verify webhooks and print them",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-        "  bridge receive -c config/demo.yaml --port 8765\n"
-        "  bridge receive -c config/demo.yaml --flaky /webhooks/flaky:2 --down /webhooks/down",
-    )
-    receive.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    receive.add_argument("--port", type=int, default=8765, help="port to listen on (8765)")
-    receive.add_argument(
-        "--flaky",
-        action="append",
-        default=[],
-        metavar="/PATH:N",
-        help="fail the first N tries of each delivery on PATH (503)",
-    )
-    receive.add_argument(
-        "--down",
-        action="append",
-        default=[],
-        metavar="/PATH",
-        help="always fail deliveries on PATH (503)",
-    )
-    receive.add_argument("--color", action="store_true", help="colour even without a terminal")
-    receive.set_defaults(func=cmd_receive)
-
-    produce = sub.add_parser(
-        "produce",
-        parents=[config_parent],
-        help="sample producer: transactions to the source topic",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-        "  bridge produce -c config/demo.yaml --count 100 --rate 20\n"
-        "  bridge produce -c config/demo.yaml --json transactions.jsonl\n"
-        "JSON fields (camelCase): transactionId, accountHolderId, status (SUCCEEDED|FAILED),\n"
-        "method, provider, account, amount, fees, label, partnerId, performedAt (ISO 8601),\n"
-        "stateData (object), failureCode, failureMessage.",
-    )
-    produce.add_argument("--count", type=int, default=10, help="random transactions (10)")
-    produce.add_argument("--rate", type=float, default=None, help="per second (default: at once)")
-    produce.add_argument(
-        "--account",
-        action="append",
-        help="account holder id (repeatable; default: the accounts of the configured webhooks)",
-    )
-    produce.add_argument("--seed", type=int, default=None, help="random seed, for repeatable runs")
-    produce.add_argument("--json", metavar="FILE", help="JSON array or JSON lines of transactions")
-    produce.set_defaults(func=cmd_produce)
-
-    demo = sub.add_parser("demo", help="broker, bridge, sample receiver and producer, together")
-    demo.add_argument("--count", type=int, default=30, help="transactions to produce (30)")
-    demo.add_argument("--rate", type=float, default=10.0, help="transactions per second (10)")
-    demo.set_defaults(func=cmd_demo)
-
-    bench = sub.add_parser(
-        "bench",
-        help="measure throughput, latency, retries, isolation, memory (bridge bench --help)",
-        add_help=False,
-    )
-    bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == ["bench"]:  # the benchmark has its own options
-        from bridge.bench import main as bench_main
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_command(args)
 
-        return bench_main(arguments[1:])
-    parser = build_parser()
-    args = parser.parse_args(arguments)
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the subcommand ``args.func``; errors become one clear line and an exit code."""
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -17,11 +17,11 @@ import yaml
 from confluent_kafka import Message
 from confluent_kafka.admin import AdminClient
 
-from bridge.config import load_config
-from bridge.devkafka import free_port
-from bridge.encoding import load_schema_file
-from bridge.samples import encode_records
-from bridge.topics import apply_plan, plan_topics
+from bridge.codec.encoding import load_schema_file
+from bridge.config.loader import load_config
+from bridge.kafka.topics import apply_plan, plan_topics
+from devtools.devkafka import free_port
+from devtools.samples import encode_records
 from tests.kafka_helpers import QUIET, consume, produce, unique_name, wait_for
 
 REPO = Path(__file__).resolve().parents[1]

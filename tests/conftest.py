@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.devkafka import CACHE, Broker
+from devtools.devkafka import CACHE, Broker
 from tests.kafka_helpers import unique_name
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
-from bridge.encoding import encode_plain
-from bridge.envelope import (
+from bridge.codec.encoding import encode_plain
+from bridge.core.envelope import (
     H_KIND,
     H_MESSAGE_ID,
     H_REASON,
@@ -36,8 +36,8 @@ from bridge.envelope import (
     KIND_POISON,
     header_map,
 )
-from bridge.mapping import EVENT_FAILED, EVENT_SUCCESS
-from bridge.signing import message_id
+from bridge.core.mapping import EVENT_FAILED, EVENT_SUCCESS
+from bridge.core.signing import message_id
 from tests.bridge_harness import SCHEMA
 from tests.kafka_helpers import QUIET, unique_name, wait_for
 from tests.receiver import Receiver

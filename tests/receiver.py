@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from bridge.devkafka import free_port
+from devtools.devkafka import free_port
 
 
 @dataclass(frozen=True)

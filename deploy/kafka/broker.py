@@ -6,6 +6,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bridge.devkafka import main
+from devtools.devkafka import main
 
 raise SystemExit(main())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.devkafka import free_port
+from devtools.devkafka import free_port
 from tests.bridge_harness import REPO
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
         [
             sys.executable,
             "-m",
-            "bridge",
+            "devtools",
             "bench",
             "--quick",
             "--only",
@@ -57,13 +57,13 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
 
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[tuple[int, int]]:
-    """``bridge.bench_hostile`` in its own process, connections capped at 1.5 s: (port, early)."""
+    """``devtools.bench_hostile`` in its own process, connections capped at 1.5 s: (port, early)."""
     port, early = free_port(), free_port()
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "bridge.bench_hostile",
+            "devtools.bench_hostile",
             "--port",
             str(port),
             "--early-port",

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from bridge.envelope import header_map
-from bridge.samples import make_record
+from bridge.core.envelope import header_map
+from devtools.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
 from tests.kafka_helpers import consume, wait_for
 from tests.receiver import Answer, Receiver, always, fail_first

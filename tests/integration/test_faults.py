@@ -34,13 +34,13 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from bridge.decoding import Decoder
-from bridge.devkafka import Broker, free_port
-from bridge.encoding import encode_plain, encode_single_object
-from bridge.envelope import PendingDelivery, SourceRef, delay_headers
-from bridge.errors import RecordError
-from bridge.mapping import to_notification
-from bridge.samples import make_record, random_record
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import encode_plain, encode_single_object
+from bridge.core.envelope import PendingDelivery, SourceRef, delay_headers
+from bridge.core.errors import RecordError
+from bridge.core.mapping import to_notification
+from devtools.devkafka import Broker, free_port
+from devtools.samples import make_record, random_record
 from tests.bridge_harness import REPO, SCHEMA, BridgeProcess, BridgeSetup, webhook
 from tests.kafka_helpers import QUIET, produce, wait_for
 from tests.ledger import (

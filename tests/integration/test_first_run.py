@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.devkafka import free_port
+from devtools.devkafka import free_port
 from tests.bridge_harness import REPO
 from tests.kafka_helpers import wait_for
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def test_demo_shows_deliveries_retries_and_dead_letters_then_stops(kafka_bootstrap: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "bridge", "demo", "--count", "12", "--rate", "20"],
+        [sys.executable, "-m", "devtools", "demo", "--count", "12", "--rate", "20"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -46,7 +46,16 @@ def test_demo_shows_deliveries_retries_and_dead_letters_then_stops(kafka_bootstr
 def test_sample_receiver_rejects_a_bad_signature(tmp_path: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "bridge", "receive", "-c", "config/test.yaml", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "devtools",
+            "receive",
+            "-c",
+            "config/test.yaml",
+            "--port",
+            str(port),
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -87,7 +96,7 @@ def test_sample_producer_reports_a_bad_json_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "bridge",
+            "devtools",
             "produce",
             "-c",
             "config/test.yaml",

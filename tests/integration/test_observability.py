@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bridge.devkafka import free_port
-from bridge.samples import make_record
+from devtools.devkafka import free_port
+from devtools.samples import make_record
 from tests.bridge_harness import BridgeProcess, BridgeSetup, webhook
 from tests.kafka_helpers import wait_for
 from tests.receiver import Receiver, always

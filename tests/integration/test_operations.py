@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from bridge.devkafka import free_port
-from bridge.envelope import header_map
-from bridge.samples import make_record
+from bridge.core.envelope import header_map
+from devtools.devkafka import free_port
+from devtools.samples import make_record
 from tests.bridge_harness import REPO, BridgeSetup, webhook
 from tests.kafka_helpers import QUIET, committed_offsets, create_topics, wait_for
 from tests.receiver import Answer, Receiver, always, fail_first

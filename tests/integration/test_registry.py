@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from bridge.decoding import Decoder
-from bridge.devregistry import Registry
-from bridge.encoding import encode_confluent, load_schema_file
-from bridge.envelope import header_map
-from bridge.errors import DecodeError, RegistryUnavailableError
-from bridge.registry import SchemaRegistryClient
-from bridge.samples import make_record
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import encode_confluent, load_schema_file
+from bridge.codec.registry import SchemaRegistryClient
+from bridge.core.envelope import header_map
+from bridge.core.errors import DecodeError, RegistryUnavailableError
+from devtools.devregistry import Registry
+from devtools.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
 from tests.kafka_helpers import unique_name, wait_for
 from tests.receiver import Receiver

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bridge.encoding import AvroSchema, load_schema_file
-from bridge.errors import DecodeError
+from bridge.codec.encoding import AvroSchema, load_schema_file
+from bridge.core.errors import DecodeError
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 

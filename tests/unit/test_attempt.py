@@ -8,8 +8,13 @@ import time
 
 import pytest
 
-from bridge.attempt import ATTEMPT_GRACE_S, DEADLINE_EXCEEDED, INTERNAL_ERROR, guarded_attempt
-from bridge.delivery import DeliveryRequest, Outcome
+from bridge.engine.attempt import (
+    ATTEMPT_GRACE_S,
+    DEADLINE_EXCEEDED,
+    INTERNAL_ERROR,
+    guarded_attempt,
+)
+from bridge.http.sender import DeliveryRequest, Outcome
 
 REQUEST = DeliveryRequest("https://example.com/hook", {"x-service-secret": "s3cr3t-value"}, b"{}")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bridge.bench import (
+from devtools.bench import (
     NEIGHBOUR_KEYS,
     QUICK,
     TARGETS,
@@ -21,7 +21,7 @@ from bridge.bench import (
     render,
     scenario_isolation,
 )
-from bridge.bench_hostile import HOSTILE_PATHS
+from devtools.bench_hostile import HOSTILE_PATHS
 
 
 def _round(p99: float, neighbour: str = "hung") -> dict[str, object]:

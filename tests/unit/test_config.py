@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import (
+from bridge.config.loader import load_config
+from bridge.core.errors import ConfigError
+from bridge.core.settings import (
     Config,
     DeliveryConfig,
     KafkaConfig,
-    Secret,
     TopicsConfig,
-    Webhook,
     is_kafka_credential,
-    load_config,
 )
-from bridge.errors import ConfigError
+from bridge.core.webhook import Secret, Webhook
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -629,15 +628,15 @@ def test_a_directory_and_an_oversized_file_are_refused(
     folder.mkdir()
     assert problems_of(folder) == [f"{folder}: cannot read the file: Is a directory"]
     big = write(tmp_path, "webhooks: []\n" + "#" * 2000 + "\n")
-    monkeypatch.setattr("bridge.config.CONFIG_FILE_LIMIT_BYTES", 1024 * 1024 + 1)
+    monkeypatch.setattr("bridge.config.loader.CONFIG_FILE_LIMIT_BYTES", 1024 * 1024 + 1)
     load_config(big, {})
-    monkeypatch.setattr("bridge.config.CONFIG_FILE_LIMIT_BYTES", 1024)
+    monkeypatch.setattr("bridge.config.loader.CONFIG_FILE_LIMIT_BYTES", 1024)
     (problem,) = problems_of(big)
     assert problem.startswith(f"{big}: the file is larger than")
 
 
 def test_the_config_file_limit_is_64_mib(tmp_path: Path) -> None:
-    from bridge.config import CONFIG_FILE_LIMIT_BYTES
+    from bridge.config.loader import CONFIG_FILE_LIMIT_BYTES
 
     assert CONFIG_FILE_LIMIT_BYTES == 64 * 1024 * 1024
     huge = tmp_path / "huge.yaml"
@@ -738,12 +737,12 @@ def test_modest_sharing_through_aliases_is_fine(tmp_path: Path) -> None:
 def test_an_unexpected_exception_names_only_its_type(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bridge.config
+    import bridge.config.loader
 
     def explode(*_args: object) -> None:
         raise ValueError(f"invalid literal for int() with base 10: '{PLANTED}'")
 
-    monkeypatch.setattr(bridge.config._Loader, "load", explode)
+    monkeypatch.setattr(bridge.config.loader._Loader, "load", explode)
     path = write(tmp_path, webhook_yaml())
     assert problems_of(path) == [
         f"{path}: internal error while reading the configuration (ValueError); please report it"

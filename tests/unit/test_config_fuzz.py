@@ -23,8 +23,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bridge.config import Config, load_config
-from bridge.errors import ConfigError
+from bridge.config.loader import load_config
+from bridge.core.errors import ConfigError
+from bridge.core.settings import Config
 
 PLANTED = "Fuzz-Planted-Secret-7c1d0e9b"
 ENVIRON = {"FUZZ_SECRET": f"{PLANTED}-env", "FUZZ_EMPTY": "", "FUZZ_PLAIN": "plain-value"}

@@ -1,4 +1,4 @@
-"""Tests of bridge.decoding and bridge.encoding: every framing, schema versions, bad bytes."""
+"""Tests of bridge.codec.decoding and .encoding: every framing, schema versions, bad bytes."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.decoding import Decoder
-from bridge.encoding import (
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import (
     encode_confluent,
     encode_plain,
     encode_single_object,
     single_object_fingerprint,
 )
-from bridge.errors import DecodeError, RegistryUnavailableError
+from bridge.core.errors import DecodeError, RegistryUnavailableError
 
 Factory = Callable[..., dict[str, Any]]
 REFUND_SCHEMA = {

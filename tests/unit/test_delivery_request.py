@@ -9,9 +9,9 @@ import hmac
 import time
 
 from bridge import __version__
-from bridge.config import Secret, Webhook
-from bridge.delivery import DeliveryRequest, Outcome, build_request
-from bridge.pipeline import TURN_AWAY_BATCH, TURN_AWAY_INTERVAL_S, Lane
+from bridge.core.webhook import Secret, Webhook
+from bridge.engine.budget import TURN_AWAY_BATCH, TURN_AWAY_INTERVAL_S, Lane
+from bridge.http.sender import DeliveryRequest, Outcome, build_request
 
 HOOK = Webhook(
     id="shop",

@@ -23,8 +23,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from bridge import __version__
-from bridge.config import Config, load_config
-from bridge.health import health_app
+from bridge.config.loader import load_config
+from bridge.core.settings import Config
+from bridge.ops.health import health_app
 from tests.k8s_render import (
     Manifest,
     Unsupported,
@@ -812,7 +813,7 @@ def test_schemas_land_where_the_config_reads_them(rendered: Rendered) -> None:
 
 
 def health_routes() -> set[str]:
-    """The paths bridge.health serves."""
+    """The paths bridge.ops.health serves."""
     app = health_app(CollectorRegistry(), lambda: 0.0, lambda: {})
     return {resource.canonical for resource in app.router.resources()}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.envelope import (
+from bridge.core.envelope import (
     EnvelopeError,
     PendingDelivery,
     SourceRef,

@@ -18,16 +18,12 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bridge.config import Config, load_config
-from bridge.decoding import Decoder
-from bridge.encoding import (
-    AvroSchema,
-    encode_confluent,
-    encode_plain,
-    encode_single_object,
-)
-from bridge.errors import ConfigError, DecodeError, MappingError
-from bridge.mapping import Notification, to_notification
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import AvroSchema, encode_confluent, encode_plain, encode_single_object
+from bridge.config.loader import load_config
+from bridge.core.errors import ConfigError, DecodeError, MappingError
+from bridge.core.mapping import Notification, to_notification
+from bridge.core.settings import Config
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

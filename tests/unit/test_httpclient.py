@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 import trustme
 
-from bridge.httpclient import HttpClient, HttpError, Target, render_request
-from bridge.netsafety import DestinationPolicy, SafeResolver
+from bridge.core.destinations import DestinationPolicy
+from bridge.http.client import HttpClient, HttpError, Target, render_request
+from bridge.http.resolver import SafeResolver
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}

@@ -23,8 +23,9 @@ import trustme
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bridge.httpclient import HttpClient, HttpError
-from bridge.netsafety import DestinationPolicy, SafeResolver
+from bridge.core.destinations import DestinationPolicy
+from bridge.http.client import HttpClient, HttpError
+from bridge.http.resolver import SafeResolver
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Receiver"], Awaitable[None]]
 Test = Callable[[HttpClient, str, "Receiver"], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""Tests of bridge.mapping: golden bodies byte for byte, contract properties, records refused."""
+"""Tests of bridge.core.mapping: golden bodies byte for byte, contract properties, refusals."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.decoding import Decoder
-from bridge.encoding import encode_confluent, encode_plain, encode_single_object
-from bridge.errors import MappingError
-from bridge.mapping import EVENT_FAILED, EVENT_SUCCESS, format_decimal, to_notification
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import encode_confluent, encode_plain, encode_single_object
+from bridge.core.errors import MappingError
+from bridge.core.mapping import EVENT_FAILED, EVENT_SUCCESS, format_decimal, to_notification
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "mapping_cases.json").read_text("utf-8"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from bridge.metrics import Metrics, status_class
+from bridge.ops.metrics import Metrics, status_class
 
 
 def test_status_class() -> None:

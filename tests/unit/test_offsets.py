@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.offsets import OffsetTracker
+from bridge.core.offsets import OffsetTracker
 
 
 def test_out_of_order_completion_waits_for_the_oldest() -> None:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from bridge.metrics import Metrics
+from bridge.ops.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"

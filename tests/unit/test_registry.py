@@ -1,4 +1,4 @@
-"""Tests of bridge.registry against a real Confluent-compatible HTTP server on loopback."""
+"""Tests of bridge.codec.registry against a real Confluent-compatible HTTP server on loopback."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from bridge.decoding import Decoder
-from bridge.encoding import encode_confluent
-from bridge.errors import DecodeError, RegistryUnavailableError
-from bridge.registry import SchemaRegistryClient
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import encode_confluent
+from bridge.codec.registry import SchemaRegistryClient
+from bridge.core.errors import DecodeError, RegistryUnavailableError
 
 BASE_PATH = "/apis/ccompat/v7"
 SLOW_ID = 777

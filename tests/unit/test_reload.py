@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import Config, load_config
-from bridge.errors import ConfigError
-from bridge.reload import ConfigWatcher
+from bridge.config.loader import load_config
+from bridge.config.reload import ConfigWatcher
+from bridge.core.errors import ConfigError
+from bridge.core.settings import Config
 
 TEMPLATE = """\
 webhooks:
@@ -116,7 +117,7 @@ def test_an_invalid_file_is_reported_once_and_the_old_config_stays(
         path.write_text(config_text(url="https://fixed.example/hook"))
         await recorder.watcher.poll()
 
-    with caplog.at_level(logging.INFO, logger="bridge.reload"):
+    with caplog.at_level(logging.INFO, logger="bridge.config.reload"):
         asyncio.run(scenario())
     assert recorder.errors[0].problems == [
         f"{path}:7: webhook 'shop': key 'events' is given twice",
@@ -189,7 +190,7 @@ def test_the_watcher_survives_failures_nobody_foresaw_and_applies_the_next_good_
     path.write_text(config_text())
     recorder = Recorder(path)
     original = recorder.watcher.current
-    import bridge.reload
+    import bridge.config.reload
 
     def explode(*_args: object) -> Config:
         raise KeyError("hunter2-secret-value")
@@ -198,7 +199,7 @@ def test_the_watcher_survives_failures_nobody_foresaw_and_applies_the_next_good_
         task = asyncio.create_task(recorder.watcher.run())
         try:
             with monkeypatch.context() as patch:
-                patch.setattr(bridge.reload, "load_config", explode)
+                patch.setattr(bridge.config.reload, "load_config", explode)
                 path.write_text(config_text(url="https://crash.example/hook"))
                 await wait_until(lambda: bool(recorder.errors))
             assert not task.done(), "the watcher's loop ended"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.retry import GiveUp, Retry, RetryPolicy
+from bridge.core.retry import GiveUp, Retry, RetryPolicy
 
 TOPICS = tuple(f"tx.retry.{n}" for n in range(1, 6))
 

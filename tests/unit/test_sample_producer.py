@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.mapping import to_notification
-from bridge.sample_producer import SampleError, record_from_json, records_from_json
+from bridge.core.mapping import to_notification
+from devtools.sample_producer import SampleError, record_from_json, records_from_json
 
 
 def test_a_failed_card_payment_from_json() -> None:

@@ -28,13 +28,13 @@ from standardwebhooks.webhooks import Webhook as StandardWebhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from bridge import __version__
-from bridge.config import Secret, SignatureScheme, Webhook
-from bridge.signing import (
+from bridge.core.signing import (
     build_headers,
     message_id,
     standard_webhooks_key,
     standard_webhooks_secrets,
 )
+from bridge.core.webhook import Secret, SignatureScheme, Webhook
 
 BODY = b'{"transactionId":"txn_1","isPaymentSucces":true,"event":"transaction.success"}'
 WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

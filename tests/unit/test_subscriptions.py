@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.config import Secret, Webhook
-from bridge.subscriptions import Subscriptions
+from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Secret, Webhook
 
 SUCCESS, FAILED = "transaction.success", "transaction.failed"
 

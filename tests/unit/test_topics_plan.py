@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.config import load_config
-from bridge.topics import DAY_MS, plan_topics
+from bridge.config.loader import load_config
+from bridge.kafka.topics import DAY_MS, plan_topics
 
 
 def test_plan_covers_source_rungs_and_dead_letters() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.urls import UrlError, WebhookUrl, parse_webhook_url
+from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url
 
 
 @pytest.mark.parametrize(

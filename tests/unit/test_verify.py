@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.config import Secret, SignatureScheme, Webhook
-from bridge.signing import build_headers
-from bridge.verify import VerificationError, verify
+from bridge.core.signing import build_headers
+from bridge.core.verify import VerificationError, verify
+from bridge.core.webhook import Secret, SignatureScheme, Webhook
 
 BODY = b'{"transactionId":"txn_1","isPaymentSucces":false,"event":"transaction.failed"}'
 NOW = 1_700_000_000

@@ -1,0 +1,1 @@
+"""Bytes to records and back: Avro decoding and encoding, the schema registry client."""

@@ -1,0 +1,241 @@
+"""Decoding: Kafka record value bytes -> transaction record dict, read with the current schema.
+
+Three framings are read, each resolved against the reader schema (``transaction_outcome.avsc``):
+
+- Confluent wire format: byte 0, 4-byte big-endian schema id, Avro binary; the writer schema comes
+  from the schema registry (the only I/O here, on the first sight of an id).
+- Avro single-object encoding: 0xC3 0x01, 8-byte CRC-64-AVRO fingerprint, Avro binary; the writer
+  schema is the ``.avsc`` file in ``schemas/`` with that fingerprint.
+- Plain Avro binary (registry-less mode only): written with the configured writer schema file.
+
+Every failure is a :class:`DecodeError` carrying the raw bytes, except
+:class:`RegistryUnavailableError` when the registry cannot answer now.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import fastavro
+from fastavro.read import SchemaResolutionError
+
+from bridge.codec.encoding import (
+    CONFLUENT_HEADER_SIZE,
+    CONFLUENT_MAGIC_BYTE,
+    SINGLE_OBJECT_HEADER_SIZE,
+    SINGLE_OBJECT_MAGIC,
+    AvroSchema,
+    load_schema_file,
+    single_object_fingerprint,
+)
+from bridge.core.errors import DecodeError
+
+READER_SCHEMA_FILE = "transaction_outcome.avsc"
+DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+
+
+class WriterSchemaSource(Protocol):
+    """Where Confluent schema ids are looked up: :class:`SchemaRegistryClient` (codec.registry)."""
+
+    def fetch(self, schema_id: int) -> AvroSchema:
+        """The writer schema for ``schema_id``; raises DecodeError or RegistryUnavailableError."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _ResolvedReader:
+    """A writer schema paired with the reader schema, both parsed once."""
+
+    origin: str
+    writer: Any
+    reader: Any  # None when the writer schema is the reader schema: no resolution needed
+
+    def read(self, value: bytes, offset: int) -> dict[str, Any]:
+        buffer = io.BytesIO(value)
+        buffer.seek(offset)
+        try:
+            record = cast(
+                dict[str, Any], fastavro.schemaless_reader(buffer, self.writer, self.reader)
+            )
+        except SchemaResolutionError as exc:
+            message = str(exc)
+            reason = "unknown_enum_symbol" if "reader symbol list" in message else "schema_mismatch"
+            if message.lower().startswith("schema mismatch"):  # fastavro quotes both schemas whole
+                message = "the writer schema does not resolve to the reader schema"
+            raise DecodeError(reason, f"{self.origin}: {_shorten(message)}", raw=value) from exc
+        except Exception as exc:
+            # fastavro reports a short buffer as EOFError, IndexError or ValueError, and garbage as
+            # almost anything; a read that stopped at the end of the bytes ran out of them.
+            reason = "truncated" if buffer.tell() >= len(value) else "corrupt"
+            detail = f"{self.origin}: {type(exc).__name__}: {_shorten(str(exc))}"
+            raise DecodeError(reason, detail, raw=value) from exc
+        if buffer.tell() != len(value):
+            raise DecodeError(
+                "trailing_bytes",
+                f"{self.origin}: {len(value) - buffer.tell()} byte(s) left after the record",
+                raw=value,
+            )
+        return record
+
+
+class Decoder:
+    """Turns record value bytes into transaction records shaped by the reader schema."""
+
+    def __init__(
+        self,
+        reader_schema: AvroSchema,
+        *,
+        registry: WriterSchemaSource | None = None,
+        plain_writer_schema: AvroSchema | None = None,
+        known_writer_schemas: Iterable[AvroSchema] = (),
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
+        """Read Confluent framing when ``registry`` is given, plain Avro otherwise.
+
+        ``known_writer_schemas`` are matched by fingerprint for single-object encoding (the reader
+        schema always is); ``plain_writer_schema`` (default: the reader schema) reads plain Avro.
+        """
+        self._reader_schema = reader_schema
+        self._parsed_reader = fastavro.parse_schema(reader_schema)
+        self._registry = registry
+        self._max_record_bytes = max_record_bytes
+        self._readers_by_schema_id: dict[int, _ResolvedReader] = {}
+        self._readers_by_fingerprint: dict[bytes, _ResolvedReader] = {}
+        for schema in (reader_schema, *known_writer_schemas):
+            fingerprint = single_object_fingerprint(schema)
+            self._readers_by_fingerprint[fingerprint] = self._resolve(
+                schema, f"single-object writer schema {fingerprint.hex()}"
+            )
+        self._plain_reader = self._resolve(
+            reader_schema if plain_writer_schema is None else plain_writer_schema,
+            "plain Avro record",
+        )
+
+    @classmethod
+    def from_schema_dir(
+        cls,
+        schema_dir: Path,
+        *,
+        registry: WriterSchemaSource | None = None,
+        plain_writer_schema_file: Path | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> Decoder:
+        """A decoder reading with ``transaction_outcome.avsc`` that knows every ``.avsc`` there."""
+        known = [load_schema_file(path) for path in sorted(schema_dir.glob("*.avsc"))]
+        return cls(
+            load_schema_file(schema_dir / READER_SCHEMA_FILE),
+            registry=registry,
+            plain_writer_schema=(
+                None
+                if plain_writer_schema_file is None
+                else load_schema_file(plain_writer_schema_file)
+            ),
+            known_writer_schemas=known,
+            max_record_bytes=max_record_bytes,
+        )
+
+    def schema_id_to_fetch(self, value: bytes) -> int | None:
+        """The Confluent schema id of ``value`` if its writer schema is not loaded yet, else None.
+
+        When it returns an id, run :meth:`decode` off the event loop (it fetches the schema, then
+        caches it); otherwise :meth:`decode` does no I/O and is safe to call inline.
+        """
+        if (
+            self._registry is None
+            or len(value) < CONFLUENT_HEADER_SIZE
+            or len(value) > self._max_record_bytes
+            or value[:1] != CONFLUENT_MAGIC_BYTE
+        ):
+            return None
+        schema_id = int.from_bytes(value[1:CONFLUENT_HEADER_SIZE], "big")
+        return None if schema_id in self._readers_by_schema_id else schema_id
+
+    def decode(self, value: bytes) -> dict[str, Any]:
+        """Decode one record value; raises DecodeError (with ``raw``) for bytes we cannot read."""
+        if len(value) > self._max_record_bytes:
+            raise DecodeError(
+                "oversized",
+                f"record value is {len(value)} bytes, over the limit of {self._max_record_bytes}",
+                raw=value,
+            )
+        if not value:
+            raise DecodeError("truncated", "record value is empty", raw=value)
+        if value[:2] == SINGLE_OBJECT_MAGIC:
+            return self._decode_single_object(value)
+        if self._registry is None:
+            return self._plain_reader.read(value, 0)
+        return self._decode_confluent(value, self._registry)
+
+    def _decode_single_object(self, value: bytes) -> dict[str, Any]:
+        if len(value) < SINGLE_OBJECT_HEADER_SIZE:
+            raise DecodeError(
+                "truncated",
+                f"{len(value)} bytes is too short for a single-object header",
+                raw=value,
+            )
+        fingerprint = value[2:SINGLE_OBJECT_HEADER_SIZE]
+        reader = self._readers_by_fingerprint.get(fingerprint)
+        if reader is None:
+            raise DecodeError(
+                "unknown_fingerprint",
+                f"no known writer schema has the single-object fingerprint {fingerprint.hex()}",
+                raw=value,
+            )
+        return reader.read(value, SINGLE_OBJECT_HEADER_SIZE)
+
+    def _decode_confluent(self, value: bytes, registry: WriterSchemaSource) -> dict[str, Any]:
+        if value[:1] != CONFLUENT_MAGIC_BYTE:
+            raise DecodeError(
+                "bad_magic_byte",
+                f"record value starts with 0x{value[0]:02x}, expected 0x00 (Confluent wire format) "
+                "or 0xc3 0x01 (Avro single-object encoding)",
+                raw=value,
+            )
+        if len(value) < CONFLUENT_HEADER_SIZE:
+            raise DecodeError(
+                "truncated", f"{len(value)} bytes is too short for a Confluent header", raw=value
+            )
+        schema_id = int.from_bytes(value[1:CONFLUENT_HEADER_SIZE], "big")
+        reader = self._readers_by_schema_id.get(schema_id)
+        if reader is None:
+            try:
+                writer_schema = registry.fetch(schema_id)
+            except DecodeError as exc:
+                raise DecodeError(exc.reason, exc.detail, raw=value) from exc
+            reader = self._resolve(writer_schema, f"schema id {schema_id}", raw=value)
+            self._readers_by_schema_id[schema_id] = reader
+        return reader.read(value, CONFLUENT_HEADER_SIZE)
+
+    def _resolve(
+        self, writer_schema: AvroSchema, origin: str, raw: bytes | None = None
+    ) -> _ResolvedReader:
+        try:
+            parsed_writer = fastavro.parse_schema(writer_schema)
+        except Exception as exc:
+            raise DecodeError(
+                "invalid_writer_schema",
+                f"{origin} is not a valid Avro schema: {_shorten(str(exc))}",
+                raw=raw,
+            ) from exc
+        same_as_reader = _without_docs(writer_schema) == _without_docs(self._reader_schema)
+        reader = None if same_as_reader else self._parsed_reader
+        writer_name = parsed_writer.get("name") if isinstance(parsed_writer, dict) else None
+        return _ResolvedReader(f"{origin} ({writer_name or parsed_writer})", parsed_writer, reader)
+
+
+def _without_docs(schema: object) -> object:
+    """The schema without ``doc`` attributes, which never change how bytes are read."""
+    if isinstance(schema, dict):
+        return {key: _without_docs(value) for key, value in schema.items() if key != "doc"}
+    if isinstance(schema, list):
+        return [_without_docs(item) for item in schema]
+    return schema
+
+
+def _shorten(message: str, limit: int = 300) -> str:
+    """A library message cut to a length that stays readable in a dead-letter header."""
+    return message if len(message) <= limit else message[: limit - 3] + "..."

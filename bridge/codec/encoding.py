@@ -1,0 +1,52 @@
+"""Avro encoders for producers and tests: Confluent wire format, single-object and plain binary.
+
+The bridge itself only decodes; these helpers write exactly the framings that
+:class:`bridge.codec.decoding.Decoder` reads, and compute the single-object schema fingerprint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+AvroSchema: TypeAlias = dict[str, Any] | list[Any] | str
+"""An Avro schema as JSON data (a record schema is a dict)."""
+
+CONFLUENT_MAGIC_BYTE = b"\x00"
+CONFLUENT_HEADER_SIZE = 5
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+SINGLE_OBJECT_HEADER_SIZE = 10
+
+
+def load_schema_file(path: Path) -> AvroSchema:
+    """Read one ``.avsc`` file as JSON data."""
+    schema: AvroSchema = json.loads(path.read_text(encoding="utf-8"))
+    return schema
+
+
+def single_object_fingerprint(schema: AvroSchema) -> bytes:
+    """The 8-byte little-endian CRC-64-AVRO fingerprint of the schema's parsing canonical form."""
+    # fastavro renders the 64-bit fingerprint as the hex of its little-endian bytes.
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def encode_plain(schema: AvroSchema, record: dict[str, Any]) -> bytes:
+    """Plain Avro binary of one record, without any framing."""
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), record)
+    return buffer.getvalue()
+
+
+def encode_confluent(schema_id: int, schema: AvroSchema, record: dict[str, Any]) -> bytes:
+    """Confluent wire format: magic byte 0, 4-byte big-endian schema id, Avro binary."""
+    return CONFLUENT_MAGIC_BYTE + schema_id.to_bytes(4, "big") + encode_plain(schema, record)
+
+
+def encode_single_object(schema: AvroSchema, record: dict[str, Any]) -> bytes:
+    """Avro single-object encoding: 0xC3 0x01, the schema fingerprint, Avro binary."""
+    return SINGLE_OBJECT_MAGIC + single_object_fingerprint(schema) + encode_plain(schema, record)

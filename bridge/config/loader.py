@@ -1,0 +1,1221 @@
+"""Configuration: one YAML file read into typed, frozen dataclasses, validated once at load.
+
+``load_config`` collects every problem in the file (unknown keys, wrong types, missing fields, bad
+ranges, unset environment variables, unreadable secret files) and raises them together as one
+:class:`~bridge.core.errors.ConfigError`, each naming ``file:line``, the webhook and the field.
+Secrets are wrapped in :class:`Secret` so that they never show in reprs, logs or error messages; as
+a last line of defence every secret value the loader saw is masked in the messages too.
+
+Whatever the bytes, ``load_config`` returns a :class:`Config` or raises ConfigError, never anything
+else: files larger than :data:`CONFIG_FILE_LIMIT_BYTES`, text that is not UTF-8, nesting deeper
+than :data:`MAX_NESTING`, recursive aliases and alias "bombs" (aliases adding more than
+:data:`MAX_ALIAS_EXPANSION` nodes, or 10 times the document's own) are refused before any value is
+built, and an exception nobody foresaw becomes a ConfigError naming only its type (its message
+could hold a secret).
+
+Defaults live in the dataclasses below; a key that is absent or ``null`` takes its default.
+Relative paths in the file (``schemas.directory``, ``*_file`` secrets) resolve against the current
+working directory.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import difflib
+import ipaddress
+import math
+import os
+import re
+import unicodedata
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from bridge.core.destinations import DestinationPolicy, IPNetwork
+from bridge.core.errors import ConfigError
+from bridge.core.settings import (
+    KAFKA_ENVIRONMENT,
+    Config,
+    DeliveryConfig,
+    KafkaConfig,
+    LoggingConfig,
+    MetricsConfig,
+    RetryConfig,
+    SchemasConfig,
+    TopicsConfig,
+    is_kafka_credential,
+    sha256_hex,
+)
+from bridge.core.signing import standard_webhooks_key
+from bridge.core.urls import UrlError, parse_webhook_url
+from bridge.core.webhook import DEFAULT_SIGNATURE, EVENTS, SECRET_HEADER_MIN_LENGTH, Secret, Webhook
+
+CONFIG_FILE_LIMIT_BYTES: Final = 64 * 1024 * 1024
+"""A configuration file larger than this (64 MiB) is refused unread."""
+
+SECRET_FILE_LIMIT_BYTES: Final = 1024 * 1024
+"""A secret file (``*_file``, ``{file: PATH}`` Kafka properties) larger than this (1 MiB) is
+refused."""
+
+MAX_NESTING: Final = 64
+"""Deepest nesting of YAML collections accepted (a configuration needs about 5)."""
+
+MAX_ALIAS_EXPANSION: Final = 100_000
+"""Most nodes that YAML aliases may add to the document once expanded (refuses alias bombs), or
+:data:`ALIAS_EXPANSION_FACTOR` times the document's own nodes when that is more."""
+
+ALIAS_EXPANSION_FACTOR: Final = 10
+
+MAX_PROBLEMS: Final = 1000
+"""At most this many problems are listed in one ConfigError (then a count of the rest)."""
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.environ) -> Config:
+    """Read, validate and return the configuration file; raise ConfigError listing every problem.
+
+    Never raises anything else: an unexpected exception becomes a ConfigError naming only its type.
+    """
+    file = Path(path)
+    try:
+        return _load(file, environ)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a bug: say so, but never repeat the message (it may hold a secret)
+        problem = (
+            f"{file}: internal error while reading the configuration ({type(exc).__name__}); "
+            "please report it"
+        )
+        raise ConfigError(str(file), [problem]) from None
+
+
+def _load(file: Path, environ: Mapping[str, str]) -> Config:
+    try:
+        data = _read_limited(file, CONFIG_FILE_LIMIT_BYTES)
+    except _TooLarge:
+        limit = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
+        problem = f"{file}: the file is larger than {limit} MiB; is it the configuration file?"
+        raise ConfigError(str(file), [problem]) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(str(file), [f"{file}: cannot read the file: {reason}"]) from None
+    except ValueError:  # a NUL byte or an unencodable character in the path
+        raise ConfigError(str(file), [f"{file}: cannot read the file: invalid path"]) from None
+    loader = _Loader(str(file), environ)
+    loader.sources.append((file, sha256_hex(data)))
+    config = loader.load(file, data)
+    problems = loader.problems
+    if problems or config is None:
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], f"{file}: ... and {more} more problem(s)"]
+        raise ConfigError(str(file), problems)
+    return config
+
+
+class _TooLarge(Exception):
+    """A file is larger than its limit."""
+
+
+def _read_limited(path: Path, limit: int) -> bytes:
+    """The bytes of a file, or _TooLarge past ``limit`` (never reads more than limit + 1 bytes)."""
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise _TooLarge
+    return data
+
+
+# Validation machinery: converters turn a YAML value into a field value or raise _Invalid.
+
+
+class _Invalid(Exception):
+    """A value a converter refuses; the message says why and never echoes a secret."""
+
+
+Converter: TypeAlias = Callable[[Any], Any]
+
+_SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
+_PASSWORD_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# librdkafka keys that have their own field; setting them in ``kafka.properties`` is refused.
+_KAFKA_FIELD_KEYS: Final = {
+    "bootstrap.servers": "bootstrap_servers",
+    "group.id": "group_id",
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_username",
+    "sasl.password": "sasl_password",
+}
+_WEBHOOK_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_PROPERTY_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HEADER_SAFE = re.compile(rb"[\x21-\x7e]+")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_YAML_TAG: Final = "tag:yaml.org,2002:"
+_STR_TAG: Final = "tag:yaml.org,2002:str"
+_MAP_TAG: Final = "tag:yaml.org,2002:map"
+_NULL_TAG: Final = "tag:yaml.org,2002:null"
+_SEQ_TAG: Final = "tag:yaml.org,2002:seq"
+_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
+_VALUE_TAG: Final = "tag:yaml.org,2002:value"
+_KNOWN_TAGS: Final = frozenset(
+    tag for tag in SafeConstructor.yaml_constructors if isinstance(tag, str)
+) | {_MERGE_TAG, _VALUE_TAG}
+_TAG_KINDS: Final = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean (true or false)",
+    "timestamp": "a timestamp",
+    "binary": "base64 binary data",
+    "null": "null",
+}
+_SCRUB_MIN_LENGTH: Final = 8  # shorter secrets are not masked in messages (too many false hits)
+_WEBHOOK_USERINFO: Final = (
+    "must not contain userinfo (user:password@): credentials in a URL leak into logs and are "
+    "not sent; authenticate the request by its signature"
+)
+_REGISTRY_USERINFO: Final = (
+    "must not contain userinfo (user:password@): credentials in a URL leak into logs; set "
+    'schemas.registry_username and schemas.registry_password (inline, "${ENV_VAR}") or '
+    "schemas.registry_password_file instead"
+)
+
+
+_KINDS: Final[dict[type, str]] = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+    type(None): "null",
+}
+
+
+def _kind(value: Any) -> str:
+    """A short name for the type of a YAML value, for messages (never the value itself)."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    """``text`` shortened for a message (non-secret values only; a URL's userinfo masked first,
+    so that the cut cannot leave part of it)."""
+    text = _mask_userinfo(text)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _quoted(value: str) -> str:
+    """``repr`` of a non-secret string value, shortened for a message."""
+    return repr(_clip(value))
+
+
+def _number(value: float) -> str:
+    """A non-secret number for a message, without thousands of digits."""
+    text = str(value)
+    return text if len(text) <= 24 else f"a number of {len(text)} digits"
+
+
+def _is_secret_key(key: str) -> bool:
+    """Whether a YAML key names a secret value (``secret``, ``sasl_password``, a Kafka credential
+    property...); ``*_file`` keys name paths."""
+    return is_kafka_credential(key) and not key.endswith("_file")
+
+
+_AUTHORITY = re.compile(r"://([^/?#\s'\"]*)")
+
+
+def _mask_userinfo(text: str) -> str:
+    """``text`` with the userinfo of anything that looks like a URL replaced by ``***`` (a URL
+    written into the wrong field is echoed by its message; its password must not be)."""
+
+    def mask(match: re.Match[str]) -> str:
+        authority = match.group(1)
+        marks = [
+            at for at, char in enumerate(authority) if "@" in unicodedata.normalize("NFKC", char)
+        ]
+        return f"://***{authority[marks[-1] :]}" if marks else match.group(0)
+
+    return _AUTHORITY.sub(mask, text) if "://" in text else text
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable (controls, line breaks, bidi marks,
+    lone surrogates) escaped, so that a message is one safe line on any terminal."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape", "backslashreplace").decode()
+        for char in text
+    )
+
+
+def _tag_name(tag: str) -> str:
+    """A YAML tag as written (``!!int`` for the standard ones), shortened for a message."""
+    short = f"!!{tag[len(_YAML_TAG) :]}" if tag.startswith(_YAML_TAG) else tag
+    return _clip(short.encode("ascii", "backslashreplace").decode("ascii"), 80)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"expected a string, got {_kind(value)} (quote the value)")
+    if not value.strip():
+        raise _Invalid("must not be empty")
+    if _SURROGATE.search(value):
+        raise _Invalid("contains a lone surrogate (\\ud800 to \\udfff), which is not text")
+    return value
+
+
+def _path(value: Any) -> Path:
+    return Path(_file_path(value))
+
+
+def _file_path(value: Any) -> str:
+    path = _text(value)
+    if "\0" in path:
+        raise _Invalid("a path must not contain a NUL character")
+    return path
+
+
+def _integer(low: int, high: int) -> Converter:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Invalid(f"expected an integer, got {_kind(value)}")
+        if not low <= value <= high:
+            raise _Invalid(f"must be between {low} and {high}, got {_number(value)}")
+        return value
+
+    return convert
+
+
+def _seconds(low: float, high: float) -> Converter:
+    """A number of seconds above ``low`` and at most ``high``."""
+
+    def convert(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Invalid(f"expected a number, got {_kind(value)}")
+        # Compare before converting: an integer such as 10**400 has no float.
+        finite = isinstance(value, int) or math.isfinite(value)
+        if not (finite and low < value <= high):
+            raise _Invalid(f"must be above {low:g} and at most {high:g}, got {_number(value)}")
+        return float(value)
+
+    return convert
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def _choice(*options: str, fold: Callable[[str], str] = str) -> Converter:
+    def convert(value: Any) -> str:
+        text = fold(_text(value))
+        if text not in options:
+            raise _Invalid(f"unknown value {_quoted(value)} (expected {', '.join(options)})")
+        return text
+
+    return convert
+
+
+def _webhook_id(value: Any) -> str:
+    if not _WEBHOOK_ID.fullmatch(_text(value)):
+        raise _Invalid("must be 1 to 64 characters among A-Z a-z 0-9 . _ -")
+    return str(value)
+
+
+def _topic(value: Any) -> str:
+    name = _text(value)
+    if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise _Invalid(f"invalid Kafka topic name {_quoted(name)} (letters, digits, '.', '_', '-')")
+    return name
+
+
+def _username(value: Any) -> str:
+    name = _text(value)
+    if ":" in name or _CONTROL.search(name):
+        raise _Invalid("must not contain ':' or control characters (HTTP basic authentication)")
+    return name
+
+
+def _url(userinfo_message: str) -> Converter:
+    """An absolute http(s) URL judged by :func:`bridge.core.urls.parse_webhook_url`; a URL with
+    userinfo gets this field's own message."""
+
+    def convert(value: Any) -> str:
+        url = _text(value)
+        try:
+            parse_webhook_url(url)
+        except UrlError as exc:
+            raise _Invalid(userinfo_message if exc.reason == "userinfo" else str(exc)) from None
+        return url
+
+    return convert
+
+
+def _events(value: Any) -> frozenset[str]:
+    expected = f"(expected {', '.join(EVENTS)})"
+    if not isinstance(value, list):
+        raise _Invalid(f"expected a list of events {expected}, got {_kind(value)}")
+    if not value:
+        raise _Invalid(f"must name at least one event {expected}")
+    for event in value:
+        if not isinstance(event, str):
+            raise _Invalid(f"expected event names, got {_kind(event)} {expected}")
+        if event not in EVENTS:
+            raise _Invalid(f"unknown event {_quoted(event)} {expected}")
+    return frozenset(value)
+
+
+def _networks(value: Any) -> tuple[IPNetwork, ...]:
+    if not isinstance(value, list):
+        raise _Invalid(f"expected a list of CIDR networks, got {_kind(value)}")
+    networks = []
+    for item in value:
+        try:
+            networks.append(ipaddress.ip_network(_text(item)))
+        except ValueError as exc:
+            raise _Invalid(f"invalid network {_quoted(item)}: {_clip(str(exc), 120)}") from None
+    return tuple(networks)
+
+
+def _node(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    convert: Converter
+    required: bool = False
+    node: bool = False  # keep the YAML node itself: the loader reads it entry by entry
+
+
+_SECTIONS: Final[dict[str, dict[str, _Field]]] = {
+    "kafka": {
+        "bootstrap_servers": _Field(_text),
+        "group_id": _Field(_text),
+        "client_id": _Field(_text),
+        "security_protocol": _Field(_choice(*_SECURITY_PROTOCOLS, fold=str.upper)),
+        "sasl_mechanism": _Field(_choice(*_SASL_MECHANISMS, fold=str.upper)),
+        "sasl_username": _Field(_text),
+        "sasl_password": _Field(_text),
+        "sasl_password_file": _Field(_file_path),
+        "properties": _Field(_node, node=True),
+    },
+    "schemas": {
+        "mode": _Field(_choice("embedded", "registry")),
+        "directory": _Field(_path),
+        "registry_url": _Field(_url(_REGISTRY_USERINFO)),
+        "registry_username": _Field(_username),
+        "registry_password": _Field(_text),
+        "registry_password_file": _Field(_file_path),
+        "max_record_bytes": _Field(_integer(1, 1 << 30)),
+    },
+    "topics": {
+        "source": _Field(_topic),
+        "retry_prefix": _Field(_topic),
+        "parked": _Field(_topic),
+        "dead_letter": _Field(_topic),
+        "partitions": _Field(_integer(1, 10_000)),
+        "replication_factor": _Field(_integer(1, 100)),
+    },
+    "retry": {
+        "attempts": _Field(_integer(1, 20)),
+        "first_delay_ms": _Field(_integer(0, 86_400_000)),
+        "increment_ms": _Field(_integer(0, 86_400_000)),
+        "park_delay_ms": _Field(_integer(1, 86_400_000)),
+        "max_parks": _Field(_integer(1, 10_000)),
+    },
+    "delivery": {
+        "timeout_seconds": _Field(_seconds(0, 300)),
+        "connect_timeout_seconds": _Field(_seconds(0, 300)),
+        "concurrency_per_webhook": _Field(_integer(1, 10_000)),
+        "max_in_flight": _Field(_integer(1, 1_000_000)),
+        "response_body_limit_bytes": _Field(_integer(0, 10_485_760)),
+        "allow_private_networks": _Field(_boolean),
+        "allowed_networks": _Field(_networks),
+        "shutdown_grace_seconds": _Field(_seconds(0, 3600)),
+    },
+    "metrics": {
+        "host": _Field(_text),
+        "port": _Field(_integer(0, 65_535)),
+        "enabled": _Field(_boolean),
+    },
+    "logging": {
+        "format": _Field(_choice("json", "text")),
+        "level": _Field(_choice("debug", "info", "warning", "error", "critical", fold=str.lower)),
+    },
+}
+_TOP_LEVEL: Final = (*_SECTIONS, "webhooks")
+_SECRET_NAMES: Final = (
+    "secret",
+    "previous_secret",
+    "standard_webhooks_secret",
+    "previous_standard_webhooks_secret",
+)
+_WEBHOOK_FIELDS: Final = {
+    "id": _Field(_webhook_id, required=True),
+    "account": _Field(_text, required=True),
+    "url": _Field(_url(_WEBHOOK_USERINFO), required=True),
+    "events": _Field(_events, required=True),
+    **{name: _Field(_text) for name in _SECRET_NAMES[:2]},
+    **{f"{name}_file": _Field(_file_path) for name in _SECRET_NAMES[:2]},
+    "signature": _Field(_choice("hmac-sha256", "secret")),
+    "enabled": _Field(_boolean),
+    "timeout_seconds": _Field(_seconds(0, 300)),
+    "concurrency": _Field(_integer(1, 10_000)),
+    **{name: _Field(_text) for name in _SECRET_NAMES[2:]},
+    **{f"{name}_file": _Field(_file_path) for name in _SECRET_NAMES[2:]},
+}
+
+Where: TypeAlias = Callable[[str], str]
+"""Names a field for a message: ``field 'retry.attempts'`` or ``webhook 'x': field 'url'``."""
+
+
+@dataclass(slots=True)
+class _Values:
+    """The valid fields present in one YAML mapping, the nodes they came from, and the mapping."""
+
+    values: dict[str, Any]
+    nodes: dict[str, Node]
+    node: Node | None
+    where: Where
+    given: set[str] = field(default_factory=set)  # keys with a value, valid or not
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [child for pair in node.value for child in pair]
+    return []
+
+
+def _distinct_nodes(root: Node) -> Iterator[Node]:
+    """Every node under ``root`` (itself included) once, however many aliases reach it."""
+    seen = {id(root)}
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in _children(node):
+            if id(child) not in seen:
+                seen.add(id(child))
+                pending.append(child)
+
+
+def _shape_problem(root: Node) -> tuple[Node, str] | None:
+    """Why the composed document is refused before any value is built, or None.
+
+    Walks the node graph once (iteratively; aliases share nodes) to find recursive aliases, the
+    nesting depth and the size the document would have once every alias is expanded.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    active = {id(root)}
+    stack: list[tuple[Node, list[Node]]] = [(root, _children(root)[::-1])]  # document order
+    while stack:
+        node, pending = stack[-1]
+        if pending:
+            child = pending.pop()
+            if id(child) in active:
+                return child, "recursive alias: a node anchored here contains an alias to itself"
+            if id(child) not in size:
+                if len(stack) >= MAX_NESTING:
+                    return child, f"nested more than {MAX_NESTING} levels deep"
+                active.add(id(child))
+                stack.append((child, _children(child)[::-1]))
+            continue
+        stack.pop()
+        active.discard(id(node))
+        children = _children(node)
+        size[id(node)] = 1 + sum(size[id(child)] for child in children)
+        depth[id(node)] = 1 + max((depth[id(child)] for child in children), default=0)
+    if depth[id(root)] > MAX_NESTING:
+        return root, f"nested more than {MAX_NESTING} levels deep (through aliases)"
+    added = size[id(root)] - len(size)
+    limit = max(MAX_ALIAS_EXPANSION, ALIAS_EXPANSION_FACTOR * len(size))
+    if added > limit:
+        return root, (
+            f"aliases would expand the document by more than {limit} nodes ({added}); "
+            "write the values out or share fewer"
+        )
+    return None
+
+
+_NEWLINE: Final = b"\n"
+
+
+class _TooDeep(yaml.YAMLError):
+    """Collections nested deeper than MAX_NESTING while composing."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """The safe loader, refusing nesting deeper than MAX_NESTING as it composes (the composer
+    recurses once per level, so a deep document would otherwise end in a RecursionError)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        if self._depth >= MAX_NESTING:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise _TooDeep(event.start_mark.line + 1)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _decode(data: bytes) -> str:
+    """The text of the file: UTF-8 (BOM allowed), or UTF-16 with its BOM, as YAML allows."""
+    utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+    try:
+        return data.decode("utf-16" if utf16 else "utf-8-sig")
+    except UnicodeDecodeError as exc:
+        encoding = "UTF-16" if utf16 else "UTF-8"
+        line = "" if utf16 else f" (line {data.count(_NEWLINE, 0, exc.start) + 1})"
+        raise _Invalid(f"the file is not {encoding} text{line}") from None
+
+
+class _Loader:
+    """Walks the composed YAML tree, converting sections and collecting every problem."""
+
+    def __init__(self, path: str, environ: Mapping[str, str]) -> None:
+        self.path = path
+        self.environ = environ
+        self.sources: list[tuple[Path, str]] = []
+        self._problems: list[tuple[int, str, str]] = []
+        self._secret_texts: set[str] = set()
+        self._constructor = SafeConstructor()
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem found so far, in line order, secret values masked."""
+        secrets = sorted(
+            (text for text in self._secret_texts if len(text) >= _SCRUB_MIN_LENGTH),
+            key=len,
+            reverse=True,
+        )
+        problems = []
+        for _, place, text in sorted(self._problems, key=lambda problem: problem[0]):
+            for secret in secrets:
+                text = text.replace(secret, "***")
+            problems.append(f"{self.path}{place}: {_printable(_mask_userinfo(text))}")
+        return problems
+
+    def remember_document_secrets(self, root: Node) -> None:
+        """Note every scalar written under a secret's key, wherever it is (an alias could show it
+        in another field's message, even from a section the loader does not read)."""
+        for node in _distinct_nodes(root):
+            if isinstance(node, MappingNode):
+                for key_node, value_node in node.value:
+                    if isinstance(key_node, ScalarNode) and _is_secret_key(str(key_node.value)):
+                        subtree = list(_distinct_nodes(value_node))
+                        paths = {  # {file: PATH} names a file, it is not the secret
+                            id(value)
+                            for sub in subtree
+                            if isinstance(sub, MappingNode)
+                            for key, value in sub.value
+                            if isinstance(key, ScalarNode) and key.value == "file"
+                        }
+                        for sub in subtree:
+                            if isinstance(sub, ScalarNode) and id(sub) not in paths:
+                                self.remember_secret(str(sub.value))
+
+    def remember_secret(self, value: str | bytes) -> None:
+        """Note a secret value so that no message can show it (see :attr:`problems`)."""
+        text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+        self._secret_texts.add(text)
+        self._secret_texts.add(text.strip())
+
+    def report(self, line: int | None, text: str) -> None:
+        """Record one problem at a 1-based line (None: not tied to a line)."""
+        place = "" if line is None else f":{line}"
+        self._problems.append((line or 0, place, text))
+
+    def problem(self, node: Node | None, where: str, message: str) -> None:
+        """Record a problem with a field or section, at the line of ``node``."""
+        self.report(None if node is None else node.start_mark.line + 1, f"{where}: {message}")
+
+    def load(self, file: Path, data: bytes) -> Config | None:
+        root = self.compose(data)
+        if root is None:
+            return None
+        top = self.mapping(root, "the top level")
+        if top is None:
+            return None
+        for key, (key_node, _) in top.items():
+            if key not in _TOP_LEVEL:
+                self.problem(key_node, f"section '{_clip(key)}'", self.unknown(key, _TOP_LEVEL))
+        sections = {
+            name: self.section(top.get(name, (None, None))[1], spec, _section_where(name))
+            for name, spec in _SECTIONS.items()
+        }
+        delivery = DeliveryConfig(**sections["delivery"].values)
+        webhooks: tuple[Webhook, ...] = ()
+        if "webhooks" not in top:
+            self.problem(root, "section 'webhooks'", "missing (required; may be an empty list [])")
+        else:
+            webhooks = self.webhooks(top["webhooks"][1], delivery)
+        return Config(
+            path=file,
+            kafka=self.kafka(sections["kafka"]),
+            schemas=self.schemas(sections["schemas"]),
+            topics=self.topics(sections["topics"]),
+            retry=RetryConfig(**sections["retry"].values),
+            delivery=delivery,
+            metrics=MetricsConfig(**sections["metrics"].values),
+            logging=LoggingConfig(**sections["logging"].values),
+            webhooks=webhooks,
+            sources=tuple(self.sources),
+        )
+
+    def compose(self, data: bytes) -> Node | None:
+        """The YAML node graph of the file (an empty file is an empty mapping), or None and a
+        problem."""
+        try:
+            text = _decode(data)
+        except _Invalid as exc:
+            self.report(None, str(exc))
+            return None
+        try:
+            root = yaml.compose(text, Loader=_YamlLoader)
+        except _TooDeep as exc:
+            self.report(exc.line, f"invalid YAML: nested more than {MAX_NESTING} levels deep")
+            return None
+        except yaml.reader.ReaderError as exc:
+            at = text.count("\n", 0, max(exc.position, 0)) + 1
+            self.report(at, "invalid YAML: a control character that YAML does not allow")
+            return None
+        except yaml.MarkedYAMLError as exc:
+            # Only the problem and the line: the usual snippet could show an inline secret.
+            line = None if exc.problem_mark is None else exc.problem_mark.line + 1
+            context = f"{exc.context}: " if exc.context else ""
+            self.report(line, f"invalid YAML: {context}{exc.problem}")
+            return None
+        except yaml.YAMLError as exc:
+            self.report(None, f"invalid YAML ({type(exc).__name__})")
+            return None
+        except RecursionError:
+            self.report(None, "invalid YAML: nested too deeply")
+            return None
+        if root is None:
+            return MappingNode(_MAP_TAG, [])
+        shape = _shape_problem(root)
+        if shape is not None:
+            node, message = shape
+            self.problem(node, "invalid YAML", message)
+            return None
+        self.remember_document_secrets(root)
+        return root
+
+    @staticmethod
+    def unknown(key: str, known: tuple[str, ...]) -> str:
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        return f"unknown key ({hint})"
+
+    def mapping(self, node: Node, where: str) -> dict[str, tuple[Node, Node]] | None:
+        """Keys of a mapping node with their key and value nodes; None (and a problem) if not one.
+
+        Merge keys (``<<: *anchor``) are applied; keys given twice are reported.
+        """
+        if not isinstance(node, MappingNode):
+            self.problem(node, where, "must be a mapping of keys to values")
+            return None
+        if node.tag != _MAP_TAG:
+            self.problem(node, where, f"must be a plain mapping, not {_tag_name(node.tag)}")
+            return None
+        explicit: set[str] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            if not isinstance(key_node, ScalarNode) or key_node.tag != _STR_TAG:
+                self.problem(key_node, where, "keys must be strings")
+            elif key_node.value in explicit:
+                self.problem(key_node, where, f"key '{_clip(key_node.value)}' is given twice")
+            else:
+                explicit.add(key_node.value)
+        try:
+            self._constructor.flatten_mapping(node)
+        except yaml.MarkedYAMLError as exc:
+            self.problem(node, where, f"cannot merge: {exc.problem}")
+            return None
+        return {
+            key_node.value: (key_node, value_node)
+            for key_node, value_node in node.value
+            if isinstance(key_node, ScalarNode) and key_node.tag == _STR_TAG
+        }
+
+    def section(self, node: Node | None, spec: Mapping[str, _Field], where: Where) -> _Values:
+        """Convert the fields of one mapping; absent and null fields are left out (defaults)."""
+        result = _Values({}, {}, node, where)
+        entries = {} if node is None else self.mapping(node, where(""))
+        if entries is None:
+            return result
+        for key, (key_node, _) in entries.items():
+            if key not in spec:
+                self.problem(key_node, where(_clip(key)), self.unknown(key, tuple(spec)))
+        for name, spec_field in spec.items():
+            value_node = entries[name][1] if name in entries else None
+            if spec_field.node:
+                if value_node is not None and value_node.tag != _NULL_TAG:
+                    result.given.add(name)
+                    result.values[name] = result.nodes[name] = value_node
+                continue
+            try:
+                raw = None if value_node is None else self.value(value_node)
+                if value_node is None or raw is None:
+                    if spec_field.required:
+                        self.problem(value_node or node, where(name), "missing (required)")
+                    continue
+                result.given.add(name)
+                result.nodes[name] = value_node
+                if name.endswith(("secret", "password")) and isinstance(raw, str):
+                    self.remember_secret(raw)
+                result.values[name] = spec_field.convert(raw)
+            except _Invalid as exc:
+                result.given.add(name)
+                self.problem(value_node, where(name), str(exc))
+        return result
+
+    def value(self, node: Node) -> Any:
+        """The Python value of a node; any failure (a bad tag, a malformed scalar) is _Invalid
+        naming the tag, never the value."""
+        for sub in _distinct_nodes(node):
+            if sub.tag not in _KNOWN_TAGS:
+                raise _Invalid(
+                    f"unknown YAML tag {_tag_name(sub.tag)} (only the standard tags are read)"
+                )
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.MarkedYAMLError as exc:
+            self._constructor = SafeConstructor()  # its state is left half-way by the error
+            raise _Invalid(f"cannot read the value: {exc.problem}") from None
+        except Exception:
+            self._constructor = SafeConstructor()
+            tag = _failing_tag(node)
+            short = tag[len(_YAML_TAG) :] if tag.startswith(_YAML_TAG) else ""
+            kind = _TAG_KINDS.get(short, "tagged")
+            raise _Invalid(f"cannot read the value as {kind} ({_tag_name(tag)})") from None
+
+    def kafka(self, section: _Values) -> KafkaConfig:
+        values = section.values
+        values["properties"] = self.kafka_properties(section)
+        password_variable = self.environ.get("KAFKA_SASL_PASSWORD")
+        if password_variable:
+            values.pop("sasl_password", None)
+            values.pop("sasl_password_file", None)
+            values["sasl_password"] = self.environment_secret(
+                None, "environment variable KAFKA_SASL_PASSWORD", password_variable
+            )
+        else:
+            values["sasl_password"] = self.secret(section, "sasl_password")
+        for variable, name in KAFKA_ENVIRONMENT.items():
+            raw = self.environ.get(variable)
+            if raw and name != "sasl_password":
+                try:
+                    values[name] = _SECTIONS["kafka"][name].convert(raw)
+                except _Invalid as exc:
+                    self.problem(None, f"environment variable {variable}", str(exc))
+        kafka = KafkaConfig(**values)
+        protocol = kafka.security_protocol or "PLAINTEXT"
+        sasl = protocol.startswith("SASL_")
+        if not sasl and (kafka.sasl_username is not None or kafka.sasl_password is not None):
+            self.problem(
+                section.node,
+                section.where("security_protocol"),
+                "SASL credentials are set, so it must be SASL_PLAINTEXT or SASL_SSL",
+            )
+        mechanism = kafka.sasl_mechanism or "PLAIN"
+        if sasl and mechanism in _PASSWORD_MECHANISMS:
+            for name in ("sasl_username", "sasl_password"):
+                if getattr(kafka, name) is None:
+                    message = f"required with {protocol} and sasl_mechanism {mechanism}"
+                    self.problem(section.node, section.where(name), message)
+        return kafka
+
+    def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:
+        """``kafka.properties``, each value a string, ``"${ENV_VAR}"`` or ``{file: PATH}``;
+        credentials (:func:`is_kafka_credential`) become Secrets."""
+        node = section.values.pop("properties", None)
+        if node is None:
+            return MappingProxyType({})
+        entries = self.mapping(node, section.where("properties")) or {}
+        properties: dict[str, str | Secret] = {}
+        for name, (key_node, value_node) in entries.items():
+            if not _PROPERTY_NAME.fullmatch(name):
+                message = f"{_quoted(name)} is not a librdkafka property name"
+                self.problem(key_node, section.where("properties"), message)
+                continue
+            where = section.where(f"properties.{name}")
+            if name in _KAFKA_FIELD_KEYS:
+                self.problem(
+                    key_node, where, f"set it with kafka.{_KAFKA_FIELD_KEYS[name]} instead"
+                )
+                continue
+            try:
+                value = self.kafka_property(value_node, where, is_kafka_credential(name))
+            except _Invalid as exc:
+                self.problem(value_node, where, str(exc))
+                continue
+            if value is not None:
+                properties[name] = value
+        return MappingProxyType(properties)
+
+    def kafka_property(self, node: Node, where: str, credential: bool) -> str | Secret | None:
+        """One property value (None when a problem was reported)."""
+        raw = self.value(node)
+        if credential and isinstance(raw, str):
+            self.remember_secret(raw)
+        if isinstance(raw, dict):
+            if set(raw) != {"file"}:
+                raise _Invalid("a mapping value must be {file: PATH} (a file holding the value)")
+            secret = self.secret_file(node, where, _file_path(raw["file"]), credential)
+            if secret is None:
+                return None
+            try:
+                text = secret.reveal().decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Invalid(f"file {_clip(raw['file'], 200)} is not UTF-8 text") from None
+        elif isinstance(raw, str):
+            reference = _ENV_REFERENCE.fullmatch(raw)
+            if reference is not None:
+                variable = reference.group(1)
+                text = self.environ.get(variable, "")
+                if not text:
+                    raise _Invalid(f"environment variable {variable} is not set or empty")
+                if credential:
+                    self.remember_secret(text)
+            elif "${" in raw:
+                raise _Invalid("write ${NAME} alone to read an environment variable")
+            else:
+                text = raw
+        elif credential:
+            raise _Invalid(
+                f"expected a string, got {_kind(raw)} (quote the value: a credential is text)"
+            )
+        elif isinstance(raw, bool):
+            text = "true" if raw else "false"
+        elif isinstance(raw, int | float):
+            text = str(raw)
+        else:
+            raise _Invalid(
+                f'expected a string, number, boolean, "${{ENV_VAR}}" or {{file: PATH}}, '
+                f"got {_kind(raw)}"
+            )
+        if _SURROGATE.search(text) or "\0" in text:
+            raise _Invalid("must be text without NUL characters or lone surrogates")
+        if not credential:
+            return text
+        if not text.strip():
+            raise _Invalid("must not be empty")
+        return Secret(text.encode("utf-8"))
+
+    def schemas(self, section: _Values) -> SchemasConfig:
+        values = section.values
+        values["registry_password"] = self.secret(section, "registry_password")
+        schemas = SchemasConfig(**values)
+        if schemas.mode == "registry" and "registry_url" not in section.given:
+            self.problem(section.node, section.where("registry_url"), "required in registry mode")
+        has_username = "registry_username" in section.given
+        has_password = bool({"registry_password", "registry_password_file"} & section.given)
+        if has_username != has_password:
+            missing, given = ("registry_password", "registry_username")
+            if has_password:
+                missing, given = given, missing
+            message = f"required with {given} (HTTP basic authentication needs both)"
+            self.problem(section.node, section.where(missing), message)
+        reader = schemas.directory / "transaction_outcome.avsc"
+        if not reader.is_file():
+            self.problem(
+                section.node,
+                section.where("directory"),
+                f"{_clip(str(schemas.directory), 200)!r} holds no transaction_outcome.avsc "
+                "(paths are relative to the working directory)",
+            )
+        return schemas
+
+    def topics(self, section: _Values) -> TopicsConfig:
+        values = section.values
+        source = values.get("source", TopicsConfig().source)
+        values.setdefault("retry_prefix", f"{source}.retry")
+        values.setdefault("parked", f"{source}.parked")
+        values.setdefault("dead_letter", f"{source}.dlq")
+        return TopicsConfig(**values)
+
+    def secret(self, section: _Values, name: str, required: bool = False) -> Secret | None:
+        """Resolve ``name`` (inline or ``${ENV}``) or ``name_file`` into a Secret (at most one).
+
+        Both keys are removed from the section's values.
+        """
+        inline = section.values.pop(name, None)
+        path = section.values.pop(f"{name}_file", None)
+        if inline is not None and path is not None:
+            self.problem(
+                section.nodes[name], section.where(name), f"set '{name}' or '{name}_file', not both"
+            )
+            return None
+        if path is not None:
+            node = section.nodes[f"{name}_file"]
+            return self.secret_file(node, section.where(f"{name}_file"), path)
+        if inline is None:
+            if required and not {name, f"{name}_file"} & section.given:
+                message = f"missing (set '{name}' or '{name}_file')"
+                self.problem(section.node, section.where(name), message)
+            return None
+        self.remember_secret(inline)
+        node, where = section.nodes[name], section.where(name)
+        reference = _ENV_REFERENCE.fullmatch(inline)
+        if reference is None:
+            if "${" in inline:
+                self.problem(node, where, "write ${NAME} alone to read an environment variable")
+                return None
+            return Secret(inline.encode("utf-8"))
+        variable = reference.group(1)
+        value = self.environ.get(variable)
+        if not value:
+            self.problem(node, where, f"environment variable {variable} is not set or empty")
+            return None
+        return self.environment_secret(node, where, value)
+
+    def environment_secret(self, node: Node | None, where: str, value: str) -> Secret | None:
+        """The Secret of an environment variable's value (undecodable bytes kept as they were)."""
+        self.remember_secret(value)
+        try:
+            return Secret(value.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            self.problem(node, where, "the environment variable's value is not valid text")
+            return None
+
+    def secret_file(
+        self, node: Node, where: str, path: str, credential: bool = True
+    ) -> Secret | None:
+        """Read a secret file (one trailing newline stripped) and remember it as a source.
+
+        ``credential`` False: a file holding a value that is not secret (a Kafka property).
+        """
+        kind = "secret file" if credential else "file"
+        shown = _clip(path, 200)
+        try:
+            data = _read_limited(Path(path), SECRET_FILE_LIMIT_BYTES)
+        except _TooLarge:
+            limit = SECRET_FILE_LIMIT_BYTES // 1024
+            self.problem(node, where, f"{kind} {shown} is larger than {limit} KiB")
+            return None
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            self.problem(node, where, f"cannot read {kind} {shown}: {reason}")
+            return None
+        except ValueError:
+            self.problem(node, where, f"cannot read {kind} {shown}: invalid path")
+            return None
+        self.sources.append((Path(path), sha256_hex(data)))
+        value = data[:-2] if data.endswith(b"\r\n") else data.removesuffix(b"\n")
+        if credential:
+            self.remember_secret(value)
+        if not value:
+            self.problem(node, where, f"{kind} {shown} is empty")
+            return None
+        return Secret(value)
+
+    def webhooks(self, node: Node, delivery: DeliveryConfig) -> tuple[Webhook, ...]:
+        if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
+            self.problem(node, "section 'webhooks'", "must be a list of webhooks")
+            return ()
+        webhooks: list[Webhook] = []
+        first_line: dict[str, int] = {}
+        for index, item in enumerate(node.value, start=1):
+            given_id = _given_id(item)
+            if given_id in first_line:
+                message = f"duplicate webhook id (first defined on line {first_line[given_id]})"
+                self.problem(item, f"webhook '{given_id}': field 'id'", message)
+            elif given_id is not None:
+                first_line[given_id] = item.start_mark.line + 1
+            webhook = self.webhook(
+                item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
+            )
+            if webhook is not None:
+                webhooks.append(webhook)
+        return tuple(webhooks)
+
+    def webhook(self, node: Node, name: str, delivery: DeliveryConfig) -> Webhook | None:
+        """Read one webhook named ``name`` in messages; None when it has problems."""
+        before = len(self._problems)
+        section = self.section(node, _WEBHOOK_FIELDS, _webhook_where(name))
+        if not isinstance(node, MappingNode):
+            return None
+        values = section.values
+        secrets = {
+            key: self.secret(section, key, required=key == "secret") for key in _SECRET_NAMES
+        }
+        self.check_secrets(section, secrets)
+        if "url" in values:
+            self.check_destination(section, values["url"], delivery)
+        secret = secrets["secret"]
+        if len(self._problems) > before or secret is None:
+            return None
+        timeout_seconds = values.pop("timeout_seconds", delivery.timeout_seconds)
+        concurrency = values.pop("concurrency", delivery.concurrency_per_webhook)
+        return Webhook(
+            secret=secret,
+            previous_secret=secrets["previous_secret"],
+            standard_webhooks_secret=secrets["standard_webhooks_secret"],
+            previous_standard_webhooks_secret=secrets["previous_standard_webhooks_secret"],
+            timeout_seconds=timeout_seconds,
+            concurrency=concurrency,
+            **values,
+        )
+
+    def check_secrets(self, section: _Values, secrets: Mapping[str, Secret | None]) -> None:
+        """The rules between a webhook's secrets, its signature scheme and its URL.
+
+        ``webhook-signature`` is keyed by ``standard_webhooks_secret`` when set, else by
+        ``secret``; with ``signature: secret`` the secret itself travels in a header, so it must
+        be long and go over https only, and webhook-signature needs its own key.
+        """
+
+        def report(name: str, message: str) -> None:
+            node = section.nodes.get(name) or section.nodes.get(f"{name}_file") or section.node
+            self.problem(node, section.where(name), message)
+
+        secret, previous = secrets["secret"], secrets["previous_secret"]
+        standard = secrets["standard_webhooks_secret"]
+        previous_standard = secrets["previous_standard_webhooks_secret"]
+        given = section.given
+        sent_as_header = section.values.get("signature", DEFAULT_SIGNATURE) == "secret"
+        if sent_as_header and secret is not None:
+            if not _HEADER_SAFE.fullmatch(secret.reveal()):
+                report(
+                    "secret",
+                    "with signature 'secret' it is sent as a header, so printable "
+                    "ASCII only (no spaces)",
+                )
+            elif len(secret.reveal()) < SECRET_HEADER_MIN_LENGTH:
+                report(
+                    "secret",
+                    f"with signature 'secret' it is sent as a header, so at least "
+                    f"{SECRET_HEADER_MIN_LENGTH} characters",
+                )
+        url = section.values.get("url")
+        if sent_as_header and url is not None and not url.lower().startswith("https://"):
+            report(
+                "url",
+                "must be https:// with signature 'secret' (the secret itself is sent "
+                "in the x-service-secret header)",
+            )
+        has_standard = {"standard_webhooks_secret", "standard_webhooks_secret_file"} & given
+        if sent_as_header and not has_standard:
+            report(
+                "standard_webhooks_secret",
+                "required with signature 'secret': x-service-secret "
+                "carries the secret itself, so anyone who sees the header could forge a "
+                "webhook-signature keyed with it; set a different 'standard_webhooks_secret' "
+                "(or 'standard_webhooks_secret_file')",
+            )
+        has_previous = {"previous_secret", "previous_secret_file"} & given
+        if has_previous and (sent_as_header or has_standard):
+            keyed_by = "signature 'secret'" if sent_as_header else "standard_webhooks_secret"
+            report(
+                "previous_secret",
+                f"has no effect with {keyed_by}: webhook-signature is keyed "
+                "by standard_webhooks_secret and x-service-secret uses the current secret only; "
+                "rotate webhook-signature's key with 'previous_standard_webhooks_secret'",
+            )
+        if {"previous_standard_webhooks_secret", "previous_standard_webhooks_secret_file"} & (
+            given
+        ) and not has_standard:
+            report("previous_standard_webhooks_secret", "only with 'standard_webhooks_secret'")
+        signing = (
+            ("standard_webhooks_secret", standard),
+            ("previous_standard_webhooks_secret", previous_standard),
+        )
+        if not has_standard:
+            signing = (("secret", secret), ("previous_secret", previous))
+        for name, each in signing:
+            if each is not None:
+                try:
+                    standard_webhooks_key(each.reveal())
+                except ValueError as exc:
+                    report(name, str(exc))
+        if not has_standard:
+            return
+        exposed = {key for each in (secret, previous) if each is not None for key in _keys(each)}
+        for name, each in signing:
+            if each is not None and exposed & _keys(each):
+                report(
+                    name,
+                    "must differ from 'secret' and 'previous_secret' (also as a whsec_ "
+                    "key): it keys webhook-signature, which must not be computable from them",
+                )
+
+    def check_destination(self, section: _Values, url: str, delivery: DeliveryConfig) -> None:
+        """Refuse at load a URL whose host is a literal IP address the outbound policy refuses."""
+        parsed = parse_webhook_url(url)  # the converter accepted it
+        if not parsed.is_ip:
+            return
+        policy = DestinationPolicy(delivery.allow_private_networks, delivery.allowed_networks)
+        refusal = policy.refusal(parsed.host)
+        if refusal is not None:
+            message = f"{refusal} (see delivery.allow_private_networks and allowed_networks)"
+            self.problem(section.nodes["url"], section.where("url"), message)
+
+
+def _keys(secret: Secret) -> set[bytes]:
+    """The raw bytes of a secret and, when it is a valid ``whsec_`` secret, its decoded key."""
+    keys = {secret.reveal()}
+    with contextlib.suppress(ValueError):
+        keys.add(standard_webhooks_key(secret.reveal()))
+    return keys
+
+
+def _failing_tag(node: Node) -> str:
+    """The tag of the first scalar under ``node`` that cannot be built (else ``node``'s tag)."""
+    for sub in _distinct_nodes(node):
+        if isinstance(sub, ScalarNode):
+            try:
+                SafeConstructor().construct_object(sub)
+            except Exception:
+                return str(sub.tag)
+    return str(node.tag)
+
+
+def _section_where(section: str) -> Where:
+    return lambda key: f"field '{section}.{key}'" if key else f"section '{section}'"
+
+
+def _webhook_where(name: str) -> Where:
+    return lambda key: f"{name}: field '{key}'" if key else name
+
+
+def _given_id(node: Node) -> str | None:
+    """The valid ``id`` written in a webhook's mapping, if any (read before validation)."""
+    if isinstance(node, MappingNode):
+        for key_node, value_node in node.value:
+            if (
+                isinstance(key_node, ScalarNode)
+                and key_node.value == "id"
+                and isinstance(value_node, ScalarNode)
+                and value_node.tag == _STR_TAG
+                and _WEBHOOK_ID.fullmatch(value_node.value)
+            ):
+                return str(value_node.value)
+    return None

@@ -1,0 +1,115 @@
+"""Signing: the headers of one delivery request, from secret, message id, timestamp and body.
+
+Every request carries two signatures of the exact body bytes:
+
+* ``x-service-secret``: lowercase hex HMAC-SHA256 of the body, keyed with the secret's bytes exactly
+  as configured (a ``whsec_`` prefix included); or, with ``signature: secret``, the secret itself.
+* ``webhook-signature`` (Standard Webhooks): ``v1,`` + base64 HMAC-SHA256 of
+  ``"{webhook-id}.{webhook-timestamp}." + body``, keyed by the webhook's
+  ``standard_webhooks_secret`` when it has one, else by its ``secret``. As the Standard Webhooks
+  libraries do, a secret that starts with ``whsec_`` is keyed with the base64-decoded rest; any
+  other secret is keyed with its raw bytes. During rotation (``previous_standard_webhooks_secret``,
+  or ``previous_secret`` when the secret keys it) the header holds both signatures,
+  space-separated, current first; ``x-service-secret`` always uses the current secret.
+
+With ``signature: secret`` the secret itself is in ``x-service-secret``, so it never keys
+``webhook-signature`` (anyone who saw the header could forge one): such a webhook must have a
+``standard_webhooks_secret``, and :func:`build_headers` refuses one without.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from typing import TYPE_CHECKING, Final
+
+from bridge import __version__
+
+if TYPE_CHECKING:
+    from bridge.core.webhook import Secret, Webhook
+
+USER_AGENT: Final = f"transaction-webhook-bridge/{__version__}"
+"""The ``User-Agent`` of every delivery."""
+
+_WHSEC_PREFIX: Final = b"whsec_"
+
+
+def message_id(transaction_id: str, event: str, webhook_id: str) -> str:
+    """The ``webhook-id`` of one event for one webhook, the same on every retry and redelivery.
+
+    ``msg_`` + lowercase unpadded base32 of the first 20 bytes of SHA-256 over the UTF-8 of
+    ``transaction_id + "\\n" + event + "\\n" + webhook_id`` (32 characters after the prefix).
+    """
+    material = f"{transaction_id}\n{event}\n{webhook_id}".encode()
+    digest = hashlib.sha256(material).digest()[:20]
+    return "msg_" + base64.b32encode(digest).decode("ascii").lower()
+
+
+def standard_webhooks_key(secret: bytes) -> bytes:
+    """The Standard Webhooks HMAC key of a secret: base64-decoded after ``whsec_``, else as is.
+
+    Raises ValueError when a ``whsec_`` secret is not valid base64 or decodes to nothing.
+    """
+    if not secret.startswith(_WHSEC_PREFIX):
+        return secret
+    encoded = secret[len(_WHSEC_PREFIX) :]
+    try:
+        key = base64.b64decode(encoded + b"=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        raise ValueError("the part after 'whsec_' is not valid base64") from None
+    if not key:
+        raise ValueError("the part after 'whsec_' is empty")
+    return key
+
+
+def service_signature(secret: bytes, body: bytes) -> str:
+    """Default ``x-service-secret``: lowercase hex HMAC-SHA256 of the body, keyed by the secret."""
+    return hmac.digest(secret, body, "sha256").hex()
+
+
+def standard_signature(key: bytes, message_id: str, timestamp: int, body: bytes) -> str:
+    """One Standard Webhooks signature: ``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``."""
+    signed = b"%s.%d.%s" % (message_id.encode(), timestamp, body)
+    return "v1," + base64.b64encode(hmac.digest(key, signed, "sha256")).decode("ascii")
+
+
+def standard_webhooks_secrets(webhook: Webhook) -> tuple[Secret, ...]:
+    """The secrets that key ``webhook-signature``, current first.
+
+    ``standard_webhooks_secret`` (and its previous one) when set; else ``secret`` (and
+    ``previous_secret``), except with ``signature: secret``, where the secret is sent as is and
+    must not key it: ValueError then (the configuration loader never builds such a webhook).
+    """
+    if webhook.standard_webhooks_secret is not None:
+        pair = (webhook.standard_webhooks_secret, webhook.previous_standard_webhooks_secret)
+    elif webhook.signature == "secret":
+        raise ValueError(
+            f"webhook {webhook.id!r}: signature 'secret' sends the secret itself, so "
+            "webhook-signature needs a separate standard_webhooks_secret"
+        )
+    else:
+        pair = (webhook.secret, webhook.previous_secret)
+    return tuple(each for each in pair if each is not None)
+
+
+def build_headers(webhook: Webhook, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """All headers of one delivery of ``body`` to ``webhook`` (``timestamp`` in Unix seconds)."""
+    secret = webhook.secret.reveal()
+    signatures = " ".join(
+        standard_signature(standard_webhooks_key(each.reveal()), message_id, timestamp, body)
+        for each in standard_webhooks_secrets(webhook)
+    )
+    return {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "x-service-secret": (
+            service_signature(secret, body)
+            if webhook.signature == "hmac-sha256"
+            else secret.decode("ascii")
+        ),
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signatures,
+    }

@@ -1,0 +1,1 @@
+"""HTTP delivery: the lean client, the resolver under the outbound policy, the sender."""

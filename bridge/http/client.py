@@ -1,0 +1,465 @@
+"""A lean HTTP/1.1 client for webhook POSTs: keep-alive connections per origin, one timer each.
+
+The delivery path is the bottleneck of the whole service, and a general-purpose client spends most
+of its time on what a webhook POST never needs (cookies, redirects, tracing, streaming bodies,
+per-request objects by the dozen). This client does one thing: send a small body with fixed
+headers and report the status. Requests are written as one buffer on a reused connection and
+responses are parsed by llhttp (through ``httptools``), the parser Node.js uses.
+
+Behaviour a receiver and an operator can rely on:
+
+- The status is returned only for a complete response: once the response message has ended (by
+  its ``Content-Length``, its last chunk, or the server closing the connection after a body
+  framed by neither), or once its body has passed ``body_limit`` bytes (the receiver clearly
+  answered; the status stands and the connection is closed rather than drained). A response cut
+  by a reset or an end of stream before its end, invalid chunked encoding or any other malformed
+  byte, and a body that does not end before the deadline give no status: they fail with
+  ``connection_error``, ``invalid_response`` and ``timeout``. So a ``200`` head followed by a
+  body that never ends is a ``timeout`` when the body trickles, and ``200`` when it passes
+  ``body_limit`` before the deadline.
+- One deadline per request covers connecting, TLS, sending, the response head and its body.
+- Interim answers (``100 Continue``, ``103 Early Hints``...) are skipped; ``101 Switching
+  Protocols`` (an upgrade) is ``invalid_response``.
+- Redirects are never followed: a 3xx is a status like any other.
+- One exchange per connection at a time, strictly: a connection goes back to the pool only when
+  the bytes received on it were exactly one complete response to the request it carried (empty
+  lines between messages aside, which llhttp skips and which cannot form an answer). Bytes after
+  the response in the segment that completes it (a second response, garbage) fail the attempt
+  (``invalid_response``: an answer followed by bytes nobody asked for is not trusted) and close
+  the connection. Bytes that arrive later while it is idle, and data or an end of stream waiting
+  in the socket when it is taken from the pool (checked without blocking before each reuse),
+  close it. The residual that no client can close: a server that answers
+  before it has read the request it answers (a fresh connection's first request, or bytes still
+  in flight when a pooled connection is checked) is indistinguishable from a fast answer; only
+  that receiver's own deliveries can be affected.
+- TLS is verified against the host name. Every address connected to is checked by the outbound
+  policy after resolution (:class:`bridge.http.resolver.SafeResolver`), literal addresses
+  included. URLs are judged by :func:`bridge.core.urls.parse_webhook_url` (IDNA 2008 host names,
+  no userinfo, no control characters).
+- A connection idle for more than ``idle_timeout`` seconds (4 s, below the keep-alive timeout of
+  common servers: Node.js 5 s, nginx 75 s) is not reused, so a request rarely meets a connection
+  the server is closing. Nothing is ever sent twice here: each attempt is one request, and a
+  failure is reported for the retry ladder to handle.
+- Response heads larger than ``header_limit`` bytes and malformed responses are
+  ``invalid_response``.
+- :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and
+  whatever the server sends; only cancellation passes through as ``asyncio.CancelledError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import ssl
+from dataclasses import dataclass
+from typing import Final, cast
+
+import httptools
+
+from bridge.core.errors import DestinationRefusedError
+from bridge.core.urls import UrlError, parse_webhook_url
+from bridge.http.resolver import SafeResolver
+
+# poll() says without blocking whether a socket holds unread bytes or an end of stream: one
+# system call (the sockets transports expose have no recv() in asyncio 3.11+ or uvloop, and a
+# MSG_PEEK recv() on an idle socket raises, which costs four times as much). Absent on Windows.
+_POLL: Final = getattr(select, "poll", None)
+
+
+class HttpError(Exception):
+    """No status was received: ``kind`` is timeout, connection_error, tls_error,
+    invalid_response, invalid_request or destination_refused; ``detail`` says what happened."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        self.kind = kind
+        self.detail = detail
+        super().__init__(f"{kind}: {detail}")
+
+
+class _Stop(Exception):
+    """Raised by a parser callback to stop parsing; the reason is in ``_Connection.problem``."""
+
+
+def _unexpected(exc: BaseException) -> str:
+    return f"unexpected {type(exc).__name__}: {exc}"[:200]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A webhook URL taken apart once: where to connect and the fixed start of each request."""
+
+    scheme: str
+    host: str
+    port: int
+    head: bytes
+
+    @classmethod
+    def parse(cls, url: str) -> Target:
+        """Parse an absolute http(s) URL (:func:`bridge.core.urls.parse_webhook_url`); raises
+        HttpError(invalid_request) when it is not a webhook URL."""
+        try:
+            parts = parse_webhook_url(url)
+        except UrlError as exc:
+            raise HttpError("invalid_request", str(exc)) from None
+        head = f"POST {parts.target} HTTP/1.1\r\nHost: {parts.authority}\r\nAccept: */*\r\n"
+        return cls(parts.scheme, parts.host, parts.port, head.encode("ascii"))
+
+
+def render_request(target: Target, headers: dict[str, str], body: bytes) -> bytes:
+    """The request as written on the wire (pure); HttpError(invalid_request) for a header value
+    that would break the message (a line break) or is not Latin-1."""
+    block = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if block.count("\n") != len(headers) or block.count("\r") != len(headers):
+        raise HttpError("invalid_request", "a header name or value contains a line break")
+    try:
+        encoded = block.encode("latin-1")
+    except UnicodeEncodeError:
+        raise HttpError("invalid_request", "a header value is not Latin-1 text") from None
+    return b"%s%sContent-Length: %d\r\n\r\n%s" % (target.head, encoded, len(body), body)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection carrying at most one exchange at a time, parsed as bytes arrive.
+
+    ``busy`` is True from :meth:`send` until the exchange is settled: by a complete response
+    (the status), by a body past the cap (the status), or by a failure (timeout, malformed bytes,
+    connection lost). Parser callbacks only record what they see (``complete``, ``problem``);
+    :meth:`data_received` decides once llhttp has consumed the whole segment, and only then may
+    the connection go back to the pool, so a segment holding more than one response can neither
+    settle an exchange twice nor pool a connection twice. Bytes received while not busy close it.
+    """
+
+    def __init__(
+        self,
+        pool: list[_Connection],
+        live: set[_Connection],
+        header_limit: int,
+        body_limit: int,
+    ) -> None:
+        self.pool = pool
+        self.live = live  # every open connection of the client, for close()
+        self.header_limit = header_limit
+        self.body_limit = body_limit
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.poller: select.poll | None = None  # this socket, for reading without reading
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[int] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timeout = 0.0
+        self.status = 0
+        self.head_bytes = 0
+        self.header_bytes = 0
+        self.body_bytes = 0
+        self.framed = False  # the response has a Content-Length or Transfer-Encoding header
+        self.complete = False  # the status stands (complete response, or body past the cap)
+        self.capped = False  # the body went past the cap: the status stands, the rest is unread
+        self.keep_alive = False
+        self.problem = ""
+        self.busy = False
+        self.closed = False
+        self.eof = False
+        self.idle_since = 0.0
+
+    # ---- the exchange ----------------------------------------------------------------------
+
+    def send(self, data: bytes, deadline: float, timeout: float) -> asyncio.Future[int]:
+        """Write one request; the future resolves with the status of the complete response.
+        HttpError(connection_error) when the connection is closed or already carries one."""
+        transport = self.transport
+        if self.busy or self.closed or transport is None:
+            state = "busy" if self.busy and not self.closed else "closed"
+            raise HttpError("connection_error", f"the connection is {state}: request not sent")
+        self.waiter = waiter = self.loop.create_future()
+        self.timeout = timeout
+        self.timer = self.loop.call_at(deadline, self._expire)
+        self.status = self.head_bytes = self.header_bytes = self.body_bytes = 0
+        self.complete = self.capped = False
+        self.busy = True
+        transport.write(data)
+        return waiter
+
+    def quiet(self) -> bool:
+        """Whether the idle connection can carry a request: still open, and nothing (no byte, no
+        end of stream, no error) waiting in its socket, checked without blocking."""
+        transport = self.transport
+        if self.closed or transport is None or transport.is_closing():
+            return False
+        return self.poller is None or not self.poller.poll(0)
+
+    def _expire(self) -> None:
+        self.timer = None
+        self._fail(HttpError("timeout", f"no answer in {self.timeout:g}s"))
+        self.abort()
+
+    def _settle(self) -> None:
+        """The exchange ends with the status (the caller decides the connection's fate)."""
+        self.busy = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        waiter = self.waiter
+        self.waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self.status)
+
+    def _fail(self, error: HttpError) -> None:
+        self.busy = False
+        waiter = self.waiter
+        self.waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
+    def abort(self) -> None:
+        """Drop the connection now (its exchange, if any, is given up)."""
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.live.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _POLL is not None:
+            self.poller = _POLL()
+            self.poller.register(sock.fileno(), select.POLLIN)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:
+            self.abort()  # bytes nobody asked for: the connection cannot be trusted any more
+            return
+        if self.status == 0:
+            self.head_bytes += len(data)  # bytes of a head not yet complete, body perhaps
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            problem = "the server switched protocols"
+        except Exception as exc:  # llhttp's errors, our _Stop (wrapped by httptools), any bug
+            problem = self.problem or f"malformed HTTP response: {exc}"[:200]
+        else:
+            if self.complete:  # exactly one complete response, nothing after it
+                self._settle()
+                if self.keep_alive and not self.closed:
+                    self.idle_since = self.loop.time()
+                    self.pool.append(self)
+                else:
+                    self.abort()
+                return
+            if self.status != 0 or max(self.head_bytes, self.header_bytes) <= self.header_limit:
+                return  # more to come
+            problem = f"response head larger than {self.header_limit} bytes"
+        if self.capped:
+            self._settle()  # the receiver answered; the rest of its body is not read
+        else:  # incomplete, malformed, or followed by bytes nobody asked for in the same segment
+            self._fail(HttpError("invalid_response", problem))
+        self.abort()
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        return None  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.live.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.busy:
+            if self.eof and self.status != 0 and not self.framed:
+                self._settle()  # a body framed by the end of the stream: it ended
+                return
+            reason = f": {exc}" if exc is not None else ""
+            where = "before a response" if self.status == 0 else "before the end of the response"
+            self._fail(HttpError("connection_error", f"connection closed {where}{reason}"))
+        elif self in self.pool:
+            self.pool.remove(self)
+
+    # ---- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.problem = "bytes after the response (a second response?)"
+            raise _Stop
+        self.framed = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if len(name) == 14 or len(name) == 17:
+            lowered = name.lower()
+            if lowered == b"content-length" or lowered == b"transfer-encoding":
+                # A body not framed by either ends with the stream. (A Transfer-Encoding other
+                # than chunked does too, for llhttp; it is treated as cut here, conservatively.)
+                self.framed = True
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if self.header_bytes > self.header_limit:
+            self.problem = f"response head larger than {self.header_limit} bytes"
+            raise _Stop
+        if status == 101:
+            self.problem = "the server switched protocols"
+            raise _Stop
+        if status < 100:
+            self.problem = f"invalid status code {status}"
+            raise _Stop
+        if status >= 200:
+            self.status = status  # an interim answer (103 Early Hints...) is skipped
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.body_limit and self.status != 0:
+            self.complete = self.capped = True  # the receiver answered: the status stands
+            self.keep_alive = False
+            self.problem = f"response body longer than {self.body_limit} bytes"
+            raise _Stop
+
+    def on_message_complete(self) -> None:
+        if self.status == 0:
+            return  # the end of an interim answer
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+
+
+class HttpClient:
+    """POSTs over pooled keep-alive connections; see the module docstring for the behaviour."""
+
+    def __init__(
+        self,
+        resolver: SafeResolver,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 3.0,
+        body_limit: int = 4096,
+        header_limit: int = 65536,
+        idle_timeout: float = 4.0,
+    ) -> None:
+        self._resolver = resolver
+        self._ssl = ssl_context or ssl.create_default_context()
+        self._connect_timeout = connect_timeout
+        self._body_limit = body_limit
+        self._header_limit = header_limit
+        self._idle_timeout = idle_timeout
+        self._targets: dict[str, Target | HttpError] = {}
+        self._pools: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._live: set[_Connection] = set()
+
+    def target(self, url: str) -> Target:
+        """The parsed URL (cached: webhook URLs are few and used again and again)."""
+        target = self._targets.get(url)
+        if target is None:
+            try:
+                target = Target.parse(url)
+            except HttpError as exc:
+                target = exc
+            if len(self._targets) > 10_000:
+                self._targets.clear()
+            self._targets[url] = target
+        if isinstance(target, HttpError):
+            raise target
+        return target
+
+    async def post(self, url: str, headers: dict[str, str], body: bytes, timeout: float) -> int:
+        """POST ``body`` and return the status of the complete response; raises HttpError when
+        none arrived (and for nothing else but cancellation)."""
+        loop = asyncio.get_running_loop()
+        try:
+            target = self.target(url)
+            data = render_request(target, headers, body)
+            deadline = loop.time() + timeout
+            if deadline != deadline:
+                raise HttpError("invalid_request", f"timeout {timeout!r} is not a number")
+        except HttpError:
+            raise
+        except Exception as exc:  # a URL, header or body of the wrong type, and the like
+            raise HttpError("invalid_request", _unexpected(exc)) from None
+        connection: _Connection | None = None
+        waiter: asyncio.Future[int] | None = None
+        try:
+            connection = self._idle(target) or await self._connect(target, deadline, timeout)
+            waiter = connection.send(data, deadline, timeout)
+            return await waiter
+        except HttpError:
+            raise
+        except asyncio.CancelledError:
+            # Given up mid-exchange: drop the connection, unless the exchange had already ended
+            # (the connection may then be back in the pool, or carrying another request).
+            if connection is not None and waiter is not None and connection.waiter is waiter:
+                connection.abort()
+            raise
+        except Exception as exc:  # nothing unforeseen may reach the caller as anything else
+            if connection is not None:
+                connection.abort()
+            raise HttpError("connection_error", _unexpected(exc)) from None
+
+    def _idle(self, target: Target) -> _Connection | None:
+        pool = self._pools.get((target.scheme, target.host, target.port))
+        if not pool:
+            return None
+        oldest_allowed = asyncio.get_running_loop().time() - self._idle_timeout
+        while pool:
+            connection = pool.pop()
+            if connection.idle_since >= oldest_allowed and connection.quiet():
+                return connection
+            connection.abort()
+        return None
+
+    async def _connect(self, target: Target, deadline: float, timeout: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        key = (target.scheme, target.host, target.port)
+        pool = self._pools.setdefault(key, [])
+        self._prune(pool, loop.time())
+        tls = target.scheme == "https"
+        try:
+            async with asyncio.timeout_at(min(deadline, loop.time() + self._connect_timeout)):
+                addresses = await self._resolver.resolve(target.host, target.port)
+                errors: list[str] = []
+                for address in addresses:
+                    try:
+                        _transport, connection = await loop.create_connection(
+                            lambda: _Connection(
+                                pool, self._live, self._header_limit, self._body_limit
+                            ),
+                            address,
+                            target.port,
+                            ssl=self._ssl if tls else None,
+                            server_hostname=target.host if tls else None,
+                        )
+                    except ssl.SSLError as exc:
+                        raise HttpError("tls_error", f"{target.host}: {exc}"[:200]) from None
+                    except OSError as exc:
+                        errors.append(f"{address}: {exc.strerror or exc}")
+                        continue
+                    return connection
+        except TimeoutError:
+            limit = min(timeout, self._connect_timeout)
+            detail = f"could not connect to {target.host}:{target.port} in {limit:g}s"
+            raise HttpError("timeout", detail) from None
+        except DestinationRefusedError as exc:
+            raise HttpError("destination_refused", exc.detail) from None
+        except OSError as exc:  # name resolution
+            detail = f"cannot resolve {target.host}: {exc.strerror or exc}"
+            raise HttpError("connection_error", detail) from None
+        raise HttpError("connection_error", "; ".join(errors)[:200] or "no address to connect to")
+
+    def _prune(self, pool: list[_Connection], now: float) -> None:
+        """Close idle connections that are too old to reuse (the oldest sit at the front)."""
+        stale = 0
+        for connection in pool:
+            if not connection.closed and now - connection.idle_since < self._idle_timeout:
+                break
+            connection.abort()
+            stale += 1
+        del pool[:stale]
+
+    async def close(self) -> None:
+        """Close every connection."""
+        for connection in list(self._live):
+            connection.abort()
+        self._live.clear()
+        self._pools.clear()
+        await asyncio.sleep(0)  # let the transports run their close callbacks

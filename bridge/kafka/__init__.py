@@ -1,0 +1,1 @@
+"""Thin adapters over confluent-kafka: the consumer, the durable producer, the topic plan."""

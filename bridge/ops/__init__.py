@@ -1,0 +1,1 @@
+"""What operators see and use: metrics, health endpoints, logs, dead letters, test deliveries."""

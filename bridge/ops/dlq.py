@@ -1,0 +1,203 @@
+"""Dead letters: list them and replay them (``bridge dlq list``, ``bridge dlq replay``).
+
+Listing reads the dead-letter topic from the beginning to its current end without joining a group.
+Replaying re-injects each selected dead letter at attempt 0: a failed delivery goes to the first
+delay rung, due at once, for its one webhook (same ``webhook-id``, so receivers can de-duplicate);
+a poison record goes back to the source topic as it was. Replay is at least once and leaves the
+dead letters in place (Kafka topics are append-only): filter by time to avoid replaying twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+
+from bridge.core.envelope import (
+    H_ATTEMPTS,
+    H_DEAD_LETTERED,
+    H_KIND,
+    H_LAST_ERROR,
+    H_LAST_STATUS,
+    H_REASON,
+    H_WEBHOOK,
+    KIND_POISON,
+    EnvelopeError,
+    delay_headers,
+    header_map,
+    parse_delivery,
+)
+from bridge.core.settings import Config
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record of the dead-letter topic, with its headers as text."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+    raw_headers: list[tuple[str, bytes]]
+
+    @property
+    def kind(self) -> str:
+        return self.headers.get(H_KIND, "")
+
+    @property
+    def webhook(self) -> str:
+        return self.headers.get(H_WEBHOOK, "")
+
+    @property
+    def reason(self) -> str:
+        return self.headers.get(H_REASON, "")
+
+    @property
+    def dead_lettered_ms(self) -> int:
+        value = self.headers.get(H_DEAD_LETTERED, "")
+        return int(value) if value.isdigit() else 0
+
+    def row(self, now_ms: int) -> list[str]:
+        """The columns of ``dlq list``: where, kind, webhook, reason, attempts, last, age."""
+        age_s = max(0, now_ms - self.dead_lettered_ms) // 1000
+        last = self.headers.get(H_LAST_STATUS) or self.headers.get(H_LAST_ERROR, "")
+        return [
+            f"{self.partition}/{self.offset}",
+            self.kind,
+            self.webhook or "-",
+            self.reason,
+            self.headers.get(H_ATTEMPTS, "-"),
+            (last or "-")[:40],
+            _age(age_s),
+        ]
+
+
+def _age(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which dead letters to list or replay; every filter left as None matches all."""
+
+    webhook: str | None = None
+    reason: str | None = None
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    def matches(self, letter: DeadLetter) -> bool:
+        """True when the dead letter passes every filter."""
+        when = letter.dead_lettered_ms
+        return (
+            (self.webhook is None or letter.webhook == self.webhook)
+            and (self.reason is None or letter.reason == self.reason)
+            and (self.since_ms is None or when >= self.since_ms)
+            and (self.until_ms is None or when <= self.until_ms)
+        )
+
+
+def read_dead_letters(config: Config, timeout: float = 30.0) -> Iterator[DeadLetter]:
+    """Every record of the dead-letter topic up to its end at the time of the call."""
+    consumer = Consumer(
+        {
+            **config.kafka_settings(),
+            "group.id": "bridge-dlq-reader",
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+    )
+    try:
+        topic = config.dead_letter_topic
+        metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise LookupError(f"dead-letter topic {topic!r} does not exist (run `bridge topics`)")
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )
+            if high > low:
+                ends[partition] = high
+        if not ends:
+            return
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            yield _letter(msg)
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+        if ends:
+            raise TimeoutError(f"could not read the dead-letter topic to its end in {timeout}s")
+    finally:
+        consumer.close()
+
+
+def _letter(msg: Message) -> DeadLetter:
+    raw = [(name, value or b"") for name, value in msg.headers() or []]
+    return DeadLetter(msg.partition(), msg.offset(), msg.key(), msg.value(), header_map(raw), raw)
+
+
+def replay(
+    config: Config,
+    letters: list[DeadLetter],
+    progress: Callable[[int, int], None] | None = None,
+    timeout: float = 60.0,
+) -> int:
+    """Re-inject dead letters at attempt 0; returns how many the broker acknowledged."""
+    producer = Producer(
+        {**config.kafka_settings(), "acks": "all", "enable.idempotence": True, "log_level": 3}
+    )
+    acknowledged = 0
+    failures: list[str] = []
+
+    def on_delivery(err: object, _msg: Message) -> None:
+        nonlocal acknowledged
+        if err is None:
+            acknowledged += 1
+        else:
+            failures.append(str(err))
+
+    now = time.time_ns() // 1_000_000
+    first_rung = config.delay_topics[0] if config.delay_topics else config.topics.source
+    for index, letter in enumerate(letters, start=1):
+        if letter.kind == KIND_POISON:
+            producer.produce(
+                config.topics.source, value=letter.value, key=letter.key, on_delivery=on_delivery
+            )
+        else:
+            try:
+                delivery = parse_delivery(letter.raw_headers, letter.value, letter.key)
+            except EnvelopeError as exc:
+                failures.append(f"{letter.partition}/{letter.offset}: {exc}")
+                continue
+            fresh = replace(
+                delivery,
+                attempt=0,
+                due_ms=now,
+                last_status=None,
+                last_error="replayed from the dead-letter topic",
+                deferrals=0,
+            )
+            producer.produce(
+                first_rung,
+                value=fresh.body,
+                key=fresh.key,
+                headers=delay_headers(fresh),
+                on_delivery=on_delivery,
+            )
+        producer.poll(0)
+        if progress is not None:
+            progress(index, len(letters))
+    producer.flush(timeout)
+    if failures:
+        raise RuntimeError(f"{len(failures)} dead letter(s) not replayed: {failures[0]}")
+    return acknowledged

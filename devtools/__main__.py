@@ -1,0 +1,5 @@
+"""Entry point for ``python -m devtools``."""
+
+from devtools.cli import main
+
+raise SystemExit(main())

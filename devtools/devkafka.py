@@ -1,0 +1,396 @@
+"""A real single-node Apache Kafka broker (KRaft) for development, tests and the demo.
+
+The broker jars come from Maven Central through Maven (``deploy/kafka/pom.xml``) into a git-ignored
+cache, once. The broker runs on 127.0.0.1 on free ports with a small heap and logs to a file.
+Used by ``deploy/kafka/broker.py`` (the script), the test fixtures and ``python -m devtools demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.etree import ElementTree
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POM = REPO_ROOT / "deploy" / "kafka" / "pom.xml"
+CACHE = Path(os.environ.get("BRIDGE_CACHE_DIR", REPO_ROOT / ".cache"))
+KAFKA_METADATA_URL = (
+    "https://repo.maven.apache.org/maven2/org/apache/kafka/kafka_2.13/maven-metadata.xml"
+)
+MIN_JAVA = 17
+START_TIMEOUT_S = 90.0
+
+
+class BrokerError(Exception):
+    """The development broker cannot be fetched, started or stopped; the message says why."""
+
+
+def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+
+def check_prerequisites() -> None:
+    """Fail with one clear line when Java 17+ or Maven is missing."""
+    if shutil.which("java") is None:
+        raise BrokerError(f"Java {MIN_JAVA}+ is required: install a JDK (e.g. openjdk-17-jdk)")
+    version_text = _run(["java", "-version"]).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_text)
+    if match is None:
+        raise BrokerError(f"cannot read the Java version from: {version_text.strip()[:200]}")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8" style
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise BrokerError(f"Java {MIN_JAVA}+ is required, found Java {major}: install a newer JDK")
+    if shutil.which("mvn") is None:
+        raise BrokerError("Maven is required to fetch the Kafka broker jars: install maven")
+
+
+def _available_versions() -> list[str]:
+    """Kafka 4.x versions published on Maven Central, newest first."""
+    try:
+        with urllib.request.urlopen(KAFKA_METADATA_URL, timeout=30) as response:
+            tree = ElementTree.fromstring(response.read())
+    except OSError as exc:
+        raise BrokerError(f"Maven Central is unreachable ({exc}); cannot fetch Kafka") from exc
+    versions = [v.text or "" for v in tree.iter("version")]
+    stable = [v for v in versions if re.fullmatch(r"4\.\d+\.\d+", v)]
+    return sorted(stable, key=lambda v: tuple(int(p) for p in v.split(".")), reverse=True)
+
+
+def kafka_libs() -> Path:
+    """Return the folder of broker jars, fetching the newest 4.x that resolves on first use."""
+    root = CACHE / "kafka"
+    marker = root / "VERSION"
+    if marker.exists():
+        libs = root / marker.read_text().strip() / "libs"
+        if libs.is_dir():
+            return libs
+    check_prerequisites()
+    root.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for version in _available_versions():
+        staging = Path(tempfile.mkdtemp(prefix=f"kafka-{version}-", dir=root))
+        started = time.monotonic()
+        result = _run(
+            [
+                "mvn",
+                "-q",
+                "-B",
+                "-f",
+                str(POM),
+                f"-Dkafka.version={version}",
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={staging}",
+                "-DincludeScope=runtime",
+            ]
+        )
+        if result.returncode == 0 and any(staging.glob("kafka_2.13-*.jar")):
+            target = root / version
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            staging.rename(target / "libs")
+            marker.write_text(version + "\n")
+            print(f"fetched Kafka {version} in {time.monotonic() - started:.1f}s", file=sys.stderr)
+            return target / "libs"
+        shutil.rmtree(staging, ignore_errors=True)
+        last_line = (result.stdout + result.stderr).strip().splitlines()[-1:] or ["?"]
+        failures.append(f"{version}: {last_line[0][:300]}")
+        if "Could not transfer" in result.stdout + result.stderr:
+            break  # the network, not the version: trying older versions will not help
+    raise BrokerError(
+        "no Kafka 4.x version resolved from Maven Central:\n  " + "\n  ".join(failures)
+    )
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM a child process, SIGKILL it if it is still running after ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Broker:
+    """A single-node KRaft broker whose state lives in ``home`` (pid, ports, data, logs)."""
+
+    home: Path
+    heap: tuple[str, ...] = ("-Xms128m", "-Xmx512m")
+    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "broker.log"
+
+    @property
+    def bootstrap_file(self) -> Path:
+        return self.home / "bootstrap"
+
+    def pid(self) -> int | None:
+        """The running broker's pid, or None (a stale pid file is removed)."""
+        try:
+            pid = int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        return pid
+
+    def bootstrap(self) -> str | None:
+        """The bootstrap address of the running broker, or None."""
+        if self.pid() is None or not self.bootstrap_file.exists():
+            return None
+        return self.bootstrap_file.read_text().strip()
+
+    def _write_properties(self, broker_port: int, controller_port: int) -> Path:
+        data = self.home / "data"
+        props = self.home / "server.properties"
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{broker_port},"
+                    f"CONTROLLER://127.0.0.1:{controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{broker_port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    f"log.dirs={data}",
+                    "num.partitions=1",
+                    "auto.create.topics.enable=false",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=5",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "log.retention.check.interval.ms=60000",
+                    "",
+                ]
+            )
+        )
+        log4j = self.home / "log4j2.properties"
+        log4j.write_text(
+            "\n".join(
+                [
+                    "status = warn",
+                    "appender.file.type = File",
+                    "appender.file.name = FILE",
+                    f"appender.file.fileName = {self.log_file}",
+                    "appender.file.layout.type = PatternLayout",
+                    "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+                    "rootLogger.level = INFO",
+                    "rootLogger.appenderRef.file.ref = FILE",
+                    "logger.kafka.name = kafka",
+                    "logger.kafka.level = INFO",
+                    "",
+                ]
+            )
+        )
+        return props
+
+    def _java(self, libs: Path, main: str, *args: str) -> list[str]:
+        # The broker's heap and GC log; the short-lived storage tool keeps the JVM's defaults.
+        broker = main == "kafka.Kafka"
+        gc_log = f"-Xlog:gc:file={self.home / 'gc.log'}:time,uptime:filecount=2,filesize=10M"
+        return [
+            "java",
+            *(self.heap if broker else ()),
+            "-XX:+UseG1GC",
+            *([gc_log] if broker else []),
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile=file:{self.home / 'log4j2.properties'}",
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
+        ]
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the broker's log and console output, for error messages."""
+        parts = []
+        for path in (self.log_file, self.home / "broker.out"):
+            if path.exists():
+                parts.extend(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(parts[-lines:])
+
+    def start(self, fresh: bool = True, port: int | None = None) -> str:
+        """Start the broker (or report the running one) and return its bootstrap address.
+
+        ``fresh`` wipes the data of a broker that is not running (a stale data dir); a restart
+        of a stopped broker with ``fresh=False`` keeps its data and ports.
+        """
+        running = self.bootstrap()
+        if running is not None:
+            print(f"broker already running at {running} (pid {self.pid()})", file=sys.stderr)
+            return running
+        libs = kafka_libs()
+        started = time.monotonic()
+        self.home.mkdir(parents=True, exist_ok=True)
+        ports_file = self.home / "ports"
+        if fresh or not ports_file.exists():
+            shutil.rmtree(self.home / "data", ignore_errors=True)
+            broker_port, controller_port = port or free_port(), free_port()
+            ports_file.write_text(f"{broker_port} {controller_port}\n")
+            props = self._write_properties(broker_port, controller_port)
+            cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
+            cid = cluster_id.stdout.strip() or str(uuid.uuid4())
+            fmt = _run(
+                self._java(
+                    libs,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--standalone",
+                    "-t",
+                    cid,
+                    "-c",
+                    str(props),
+                )
+            )
+            if fmt.returncode != 0:
+                raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
+        else:
+            broker_port, controller_port = map(int, ports_file.read_text().split())
+            props = self.home / "server.properties"
+        bootstrap = f"127.0.0.1:{broker_port}"
+        with (self.home / "broker.out").open("w") as out:
+            process = subprocess.Popen(
+                self._java(libs, "kafka.Kafka", str(props)),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._process = process
+        self.pid_file.write_text(str(process.pid))
+        try:
+            _wait_until_ready(bootstrap, process, START_TIMEOUT_S)
+        except BrokerError as exc:
+            self.stop()
+            raise BrokerError(f"{exc}\n--- broker log tail ---\n{self.log_tail()}") from exc
+        self.bootstrap_file.write_text(bootstrap + "\n")
+        elapsed = time.monotonic() - started
+        print(f"broker ready at {bootstrap} in {elapsed:.1f}s (pid {process.pid})", file=sys.stderr)
+        return bootstrap
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            if not self._wait_exit(pid, timeout):
+                os.kill(pid, signal.SIGKILL)
+                self._wait_exit(pid, timeout)
+        self._forget()
+
+    def kill(self) -> None:
+        """Kill the broker abruptly (SIGKILL), keeping its data, as a crash would."""
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            self._wait_exit(pid, 30.0)
+        self._forget()
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        """Wait until the broker process has exited; False if it still runs after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is not None:
+                if self._process.poll() is not None:
+                    return True
+            else:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    def _forget(self) -> None:
+        self._process = None
+        self.pid_file.unlink(missing_ok=True)
+        self.bootstrap_file.unlink(missing_ok=True)
+
+
+def _wait_until_ready(bootstrap: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait until a metadata request to the broker succeeds."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BrokerError(f"the broker exited with status {process.returncode} during start")
+        try:
+            metadata = admin.list_topics(timeout=2)
+            if metadata.brokers:
+                return
+        except Exception as exc:  # the broker is still starting; any error means "not yet"
+            last_error = exc
+        time.sleep(0.2)
+    raise BrokerError(f"the broker did not answer within {timeout:.0f}s ({last_error})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``deploy/kafka/broker.py start|stop|status|fetch``: manage the development broker."""
+    parser = argparse.ArgumentParser(prog="broker.py", description=__doc__)
+    parser.add_argument("command", choices=["start", "stop", "status", "fetch"])
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=CACHE / "broker",
+        help="state folder (pid, ports, data, logs); default .cache/broker",
+    )
+    parser.add_argument("--port", type=int, default=None, help="broker port (default: a free one)")
+    args = parser.parse_args(argv)
+    broker = Broker(args.home)
+    try:
+        if args.command == "fetch":
+            print(kafka_libs())
+        elif args.command == "start":
+            print(broker.start(port=args.port))
+        elif args.command == "stop":
+            broker.stop()
+            print("broker stopped", file=sys.stderr)
+        else:
+            address = broker.bootstrap()
+            print(address or "not running")
+            return 0 if address else 1
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
