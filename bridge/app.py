@@ -11,6 +11,7 @@ import signal
 import time
 from typing import Any
 
+from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
 from bridge.codec.decoding import Decoder
@@ -26,6 +27,8 @@ from bridge.ops.health import health_app, start_health_server
 from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.app")
+BROKER_GONE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
+"""librdkafka errors after which no broker is known to be reachable (readiness turns false)."""
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
 
 
@@ -89,7 +92,7 @@ class App:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
 
     def _on_kafka_error(self, error: Any) -> None:
-        if error.code() in (-187, -195):  # _ALL_BROKERS_DOWN, _TRANSPORT
+        if error.code() in BROKER_GONE:
             self.broker_up = False
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 

@@ -3,17 +3,20 @@
 Every error says whether it is retriable, so the pipeline decides "try again later" versus
 "dead letter" from one attribute instead of a chain of ``isinstance`` checks::
 
-    BridgeError (retriable: bool)
+    BridgeError (retriable: bool, reason: str)
     ├── ConfigError                  invalid configuration file (never retriable)
     ├── RecordError                  a source record that can never become a notification
     │   ├── DecodeError              bytes that are not a transaction record we can read
     │   └── MappingError             a decoded record that breaks the notification contract
     ├── RegistryUnavailableError     the schema registry cannot answer now (retriable)
-    └── DeliveryError                one HTTP delivery was not received (retriable)
-        └── DestinationRefusedError  the destination address is not allowed by policy
+    └── DestinationRefusedError      the destination address is not allowed by policy
 
-Errors about a record keep the raw bytes (``raw``) so the record can be dead-lettered whole, and a
-short machine-readable ``reason`` used as the dead-letter reason and metric label.
+The engine reads ``retriable`` where a record is turned into a notification: a retriable error
+holds the record's partition and tries again later; any other is dead-lettered with its
+``reason`` (the dead-letter reason and metric label). A refused destination never reaches the
+engine as an exception: the HTTP client reports it as the outcome ``destination_refused``, which
+goes up the retry ladder like any failed attempt. Errors about a record keep the raw bytes
+(``raw``) so the record can be dead-lettered whole.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ class BridgeError(Exception):
     """Base of every error the bridge raises on purpose."""
 
     retriable: bool = False
+    reason: str = "error"
+
+    @property
+    def detail(self) -> str:
+        """What happened, for logs and dead-letter headers (never a secret)."""
+        return str(self)
 
 
 class ConfigError(BridgeError):
@@ -43,9 +52,14 @@ class RecordError(BridgeError):
 
     def __init__(self, reason: str, detail: str, raw: bytes | None = None) -> None:
         self.reason = reason
-        self.detail = detail
+        self._detail = detail
         self.raw = raw
         super().__init__(f"{reason}: {detail}")
+
+    @property
+    def detail(self) -> str:
+        """What is wrong with the record."""
+        return self._detail
 
 
 class DecodeError(RecordError):
@@ -60,19 +74,20 @@ class RegistryUnavailableError(BridgeError):
     """The schema registry is unreachable or failing; the record must be tried again later."""
 
     retriable = True
+    reason = "registry_unavailable"
 
 
-class DeliveryError(BridgeError):
-    """One delivery was not received: a non-2xx status, a timeout or a connection error."""
+class DestinationRefusedError(BridgeError):
+    """The destination resolved to an address that the outbound policy refuses."""
 
     retriable = True
 
-    def __init__(self, reason: str, detail: str, status: int | None = None) -> None:
+    def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
-        self.detail = detail
-        self.status = status
+        self._detail = detail
         super().__init__(f"{reason}: {detail}")
 
-
-class DestinationRefusedError(DeliveryError):
-    """The destination resolved to an address that outbound policy refuses."""
+    @property
+    def detail(self) -> str:
+        """Which address was refused, and why."""
+        return self._detail

@@ -38,7 +38,7 @@ from bridge.core.envelope import (
     parse_delivery,
     poison_headers,
 )
-from bridge.core.errors import RecordError, RegistryUnavailableError
+from bridge.core.errors import BridgeError, RecordError
 from bridge.core.mapping import to_notification
 from bridge.core.offsets import OffsetTracker
 from bridge.core.retry import GiveUp, RetryPolicy
@@ -268,13 +268,20 @@ class Pipeline:
             else:
                 record = self.decoder.decode(value)
             notification = to_notification(record, value)
-        except RegistryUnavailableError as exc:
+        except BridgeError as exc:
+            if not exc.retriable:  # the record can never become a notification
+                self.metrics.consumed_source.inc()
+                self.metrics.record_failures.labels(exc.reason).inc()
+                tracker.started(source.offset)
+                work = RecordWork(tp, source.offset, 1)
+                self._spawn(tp, self._settled(work, self._dead_letter_poison(msg, source, exc)))
+                return True
             failures = self._registry_failures.get(tp, 0)
             self._registry_failures[tp] = failures + 1
             delay = REGISTRY_BACKOFF_S[min(failures, len(REGISTRY_BACKOFF_S) - 1)]
             self.holds[tp] = time.monotonic() + delay
-            log.warning(
-                "registry.unavailable",
+            log.warning(  # the record is fine; what it needs cannot answer now: held, tried again
+                "registry.unavailable" if exc.reason == "registry_unavailable" else "record.held",
                 extra={
                     "fields": {
                         "topic": tp[0],
@@ -286,13 +293,6 @@ class Pipeline:
                 },
             )
             return False
-        except RecordError as exc:
-            self.metrics.consumed_source.inc()
-            self.metrics.record_failures.labels(exc.reason).inc()
-            tracker.started(source.offset)
-            work = RecordWork(tp, source.offset, 1)
-            self._spawn(tp, self._settled(work, self._dead_letter_poison(msg, source, exc)))
-            return True
         self._registry_failures.pop(tp, None)
         self.metrics.consumed_source.inc()
         tracker.started(source.offset)
@@ -513,7 +513,7 @@ class Pipeline:
             extra={
                 "fields": {
                     "webhook": delivery.webhook_id,
-                    "webhook_id": delivery.message_id,
+                    "message_id": delivery.message_id,
                     "reason": reason,
                     "attempts": made,
                     "last_error": delivery.last_error,
@@ -522,7 +522,7 @@ class Pipeline:
         )
 
     async def _dead_letter_poison(
-        self, msg: Message, source: SourceRef, error: RecordError
+        self, msg: Message, source: SourceRef, error: BridgeError
     ) -> None:
         headers = poison_headers(source, error.reason, error.detail, now_ms())
         await self._produce(self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter")
@@ -718,13 +718,13 @@ def _short(exc: Exception) -> str:
 
 
 def _ids(delivery: PendingDelivery) -> dict[str, Any]:
-    return {"webhook": delivery.webhook_id, "webhook_id": delivery.message_id}
+    return {"webhook": delivery.webhook_id, "message_id": delivery.message_id}
 
 
 def _fields(delivery: PendingDelivery, outcome: Outcome) -> dict[str, Any]:
     return {
         "webhook": delivery.webhook_id,
-        "webhook_id": delivery.message_id,
+        "message_id": delivery.message_id,
         "attempt": delivery.attempt,
         "status": outcome.status,
         "error": outcome.error or None,
