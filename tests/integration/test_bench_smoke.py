@@ -219,7 +219,7 @@ def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_pa
         [
             sys.executable,
             "-m",
-            "bridge",
+            "devtools",
             "bench",
             "--quick",
             "--only",
