@@ -118,7 +118,8 @@ class Pipeline:
         self.paused: set[TP] = set()
         self.dirty: set[TP] = set()
         self.tasks: dict[TP, set[asyncio.Task[None]]] = {}
-        self.in_flight = 0
+        self.in_flight = 0  # deliveries spawned and not finished, counted when spawned
+        self.carry: deque[Message] = deque()  # fetched records whose fan-out did not fit yet
         self.backpressure = False
         self._room_freed: asyncio.Event | None = None
         self.stopping = False
@@ -169,6 +170,14 @@ class Pipeline:
             if room == 0:
                 await self._wait_for_room()
                 room = self._room()
+            if self.carry:  # records already in hand come first; nothing new is fetched meanwhile
+                if room:
+                    carried, self.carry = list(self.carry), deque()
+                    await self._handle(carried)
+                if self.carry:  # the head's fan-out does not fit yet: wait for deliveries to end
+                    await self._wait_for_room()
+                await self._flow_control()
+                continue
             # Even at the limit a turn polls (for one record), so rebalances and the group's
             # liveness are served; at most four such turns a second.
             messages = await self.consumer.call(
@@ -182,8 +191,9 @@ class Pipeline:
             await self._flow_control()
 
     def _room(self) -> int:
-        """How many records the next turn may take: none from the in-flight limit until enough
-        deliveries finished (a quarter of the limit), so turns do not crawl one record at a time."""
+        """How many deliveries the next turn may start (records are fetched up to that many and
+        taken while their fan-out fits): none from the in-flight limit until enough deliveries
+        finished (a quarter of the limit), so turns do not crawl one record at a time."""
         if self.in_flight >= self.max_in_flight:
             self.backpressure = True
         elif self.in_flight <= self.max_in_flight * RESUME_FRACTION:
@@ -215,7 +225,7 @@ class Pipeline:
     async def _handle(self, messages: list[Message]) -> None:
         wall_ms = now_ms()
         self.last_message = time.monotonic()
-        for msg in messages:
+        for index, msg in enumerate(messages):
             error = msg.error()
             if error is not None:
                 self._kafka_error(error)
@@ -240,7 +250,13 @@ class Pipeline:
                 continue  # fetched before the pause took effect: fetched again after resume
             if tp[0] == self.source_topic:
                 accepted = await self._accept_source(msg, tp, tracker, wall_ms)
+                if accepted is None:  # its fan-out does not fit now: it and what follows wait
+                    self.carry.extend(messages[index:])
+                    return
             else:
+                if self.in_flight >= self.max_in_flight:  # no room for its delivery now
+                    self.carry.extend(messages[index:])
+                    return
                 accepted = self._accept_retry(msg, tp, tracker, wall_ms)
                 if not accepted:  # not due: keep it (and what follows) rather than fetch again
                     self.waiting[tp] = deque([msg])
@@ -256,7 +272,10 @@ class Pipeline:
 
     async def _accept_source(
         self, msg: Message, tp: TP, tracker: OffsetTracker, wall_ms: int
-    ) -> bool:
+    ) -> bool | None:
+        """Take a source record: True when taken, False when its partition is held (the registry
+        cannot answer), None when its deliveries do not fit in the in-flight limit now (a record
+        whose fan-out alone exceeds the limit is taken when nothing else is in flight)."""
         value = msg.value() or b""
         ts_type, ts = msg.timestamp()
         source = SourceRef(tp[0], tp[1], msg.offset(), ts if ts_type and ts > 0 else wall_ms)
@@ -293,10 +312,12 @@ class Pipeline:
                 },
             )
             return False
+        webhooks = self.subscriptions.match(notification.account_holder_id, notification.event)
+        if self.in_flight and self.in_flight + len(webhooks) > self.max_in_flight:
+            return None
         self._registry_failures.pop(tp, None)
         self.metrics.consumed_source.inc()
         tracker.started(source.offset)
-        webhooks = self.subscriptions.match(notification.account_holder_id, notification.event)
         if not webhooks:
             self._finished(tp, source.offset)
             return True
@@ -312,7 +333,7 @@ class Pipeline:
                 source=source,
                 key=msg.key(),
             )
-            self._spawn(tp, self._deliver(delivery, webhook, work))
+            self._spawn_delivery(tp, delivery, webhook, work)
         return True
 
     # ---- retry records -----------------------------------------------------------------------
@@ -340,7 +361,7 @@ class Pipeline:
         work = RecordWork(tp, msg.offset(), 1)
         webhook = self.subscriptions.get(delivery.webhook_id)
         if webhook is not None and webhook.enabled and delivery.event in webhook.events:
-            self._spawn(tp, self._deliver(delivery, webhook, work))
+            self._spawn_delivery(tp, delivery, webhook, work)
             return True
         if webhook is None:
             reason = "webhook_removed"
@@ -353,11 +374,28 @@ class Pipeline:
 
     # ---- deliveries --------------------------------------------------------------------------
 
-    def _spawn(self, tp: TP, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, tp: TP, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
         tasks = self.tasks.setdefault(tp, set())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        return task
+
+    def _spawn_delivery(
+        self, tp: TP, delivery: PendingDelivery, webhook: Webhook, work: RecordWork
+    ) -> None:
+        """Start one delivery, counted in flight from now until its task is done (also when it
+        is cancelled before it ever ran)."""
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        self._spawn(tp, self._deliver(delivery, webhook, work)).add_done_callback(self._ended)
+
+    def _ended(self, _task: asyncio.Task[None]) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.dec()
+        freed = self._room_freed
+        if freed is not None and self.in_flight <= self.max_in_flight * RESUME_FRACTION:
+            freed.set()
 
     def _lane(self, webhook: Webhook) -> Lane:
         lane = self.lanes.get(webhook.id)
@@ -382,8 +420,6 @@ class Pipeline:
         still moves. A delivery that is cancelled (partitions revoked) leaves its record
         unfinished: its offset is not committed and whoever consumes it next delivers it again.
         """
-        self.in_flight += 1
-        self.metrics.in_flight.inc()
         try:
             await self._attempt(delivery, webhook)
         except asyncio.CancelledError:
@@ -399,12 +435,6 @@ class Pipeline:
             except Exception:
                 log.exception("delivery.unsettled", extra={"fields": _ids(delivery)})
                 return
-        finally:
-            self.in_flight -= 1
-            self.metrics.in_flight.dec()
-            freed = self._room_freed
-            if freed is not None and self.in_flight <= self.max_in_flight * RESUME_FRACTION:
-                freed.set()
         self._work_done(work)
 
     async def _attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
@@ -608,7 +638,9 @@ class Pipeline:
                 del self.holds[tp]
         if not everything:
             self._take_waiting()
-        wanted = set(self.trackers) if everything else set(self.holds)
+        # A partition with kept records still in hand (no room for them yet) stays paused: what
+        # lies beyond them is fetched again, after a seek, only once they were all taken.
+        wanted = set(self.trackers) if everything else set(self.holds) | set(self.waiting)
         to_resume = [tp for tp in self.paused if tp not in wanted]
         if to_resume:
             positions = [(tp, self.next_offset.get(tp)) for tp in to_resume]
@@ -625,7 +657,7 @@ class Pipeline:
         for tp in [tp for tp in self.waiting if tp not in self.holds]:
             waiting = self.waiting[tp]
             tracker = self.trackers.get(tp)
-            while tracker is not None and waiting:
+            while tracker is not None and waiting and self.in_flight < self.max_in_flight:
                 if not self._accept_retry(waiting[0], tp, tracker, wall_ms):
                     break
                 waiting.popleft()

@@ -229,3 +229,34 @@ def test_a_delivery_parked_too_often_is_dead_lettered_as_stalled(
     assert stalled, [h["bridge-reason"] for h in letters]
     assert all(h["bridge-deferrals"] == "2" and h["bridge-attempts"] == "0" for h in stalled)
     assert {h["bridge-reason"] for h in letters} <= {"webhook_stalled", "retries_exhausted"}
+
+
+def test_in_flight_limit_holds_with_fan_out(receiver: Receiver, bridge_setup: Setup) -> None:
+    """Ten webhooks per record, slow receivers, max_in_flight 40: the in-flight gauge and the
+    requests the receivers hold at once never exceed 40, and every pair is delivered."""
+    limit, fanout, records, hold = 40, 10, 24, 0.4
+    hooks = []
+    for n in range(fanout):
+        receiver.behaviours[f"/fan/{n}"] = lambda _seen: Answer(200, delay=hold)
+        hooks.append(webhook(f"fan-{n}", "acct_fan", receiver.url(f"/fan/{n}")))
+    setup = bridge_setup(hooks, delivery={"max_in_flight": limit})
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record(f"tx-fan-{i}", "acct_fan") for i in range(records)])
+    gauge_peak = 0.0
+
+    def all_delivered() -> bool:
+        nonlocal gauge_peak
+        gauge_peak = max(gauge_peak, bridge.gauge("bridge_deliveries_in_flight"))
+        return sum(len(receiver.received_ids(f"/fan/{n}")) for n in range(fanout)) == (
+            records * fanout
+        )
+
+    wait_for(all_delivered, 60, interval=0.02, message="every pair of every record")
+    arrivals = sorted(r.at for r in receiver.requests if r.path.startswith("/fan/"))
+    held_at_once = max(
+        sum(1 for other in arrivals if arrival - hold < other <= arrival) for arrival in arrivals
+    )
+    assert gauge_peak > limit / 2, "the limit was never approached: the test proves nothing"
+    assert gauge_peak <= limit, f"bridge_deliveries_in_flight reached {gauge_peak}"
+    assert held_at_once <= limit, f"the receivers held {held_at_once} requests at once"
+    assert len(arrivals) == records * fanout  # every pair once, none twice
