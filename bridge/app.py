@@ -11,6 +11,7 @@ import signal
 import time
 from typing import Any
 
+from aiohttp import web
 from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
@@ -19,7 +20,7 @@ from bridge.codec.registry import SchemaRegistryClient
 from bridge.config.reload import ConfigWatcher
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
-from bridge.engine.pipeline import Pipeline
+from bridge.engine.pipeline import Pipeline, run_until
 from bridge.http.sender import HttpSender
 from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
 from bridge.kafka.producer import DurableProducer
@@ -30,6 +31,12 @@ log = logging.getLogger("bridge.app")
 BROKER_GONE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 """librdkafka errors after which no broker is known to be reachable (readiness turns false)."""
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port the operator server listens on (the one the system chose for port 0)."""
+    address = runner.addresses[0]
+    return int(address[1])
 
 
 def registry_client(config: Config) -> SchemaRegistryClient:
@@ -86,6 +93,7 @@ class App:
             metrics=self.metrics,
         )
         self.stop_requested = asyncio.Event()
+        self.clean = True  # False when shutdown had to leave something behind at the deadline
         self.watcher = ConfigWatcher(config, self._apply, self._rejected)
 
     def _on_stats(self, stats_json: str) -> None:
@@ -163,7 +171,7 @@ class App:
                     "topics": self.pipeline.topics(),
                     "group": self.config.kafka.group_id,
                     "webhooks": len(self.config.webhooks),
-                    "metrics_port": self.config.metrics.port,
+                    "metrics_port": bound_port(runner),  # the real one, also with port 0
                 }
             },
         )
@@ -175,10 +183,27 @@ class App:
         finally:
             stop_task.cancel()
             watch_task.cancel()
-            grace = self.config.delivery.shutdown_grace_seconds
-            await self.pipeline.drain(grace)
-            await self.consumer.close()
-            left = await loop.run_in_executor(None, self.producer.close, 10.0)
-            await self.sender.close()
-            await runner.cleanup()
-            log.info("bridge.stopped", extra={"fields": {"undelivered_bridge_records": left}})
+            self.clean = await self._shut_down(runner)
+
+    async def _shut_down(self, runner: web.AppRunner) -> bool:
+        """Drain, commit, leave the group and flush, all within the shutdown grace period
+        whatever the broker does; True when every step finished in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.delivery.shutdown_grace_seconds
+        unsettled = await self.pipeline.drain(deadline)
+        left_group = await run_until(self.consumer.close(), deadline)
+        remaining = max(0.0, deadline - loop.time())
+        unflushed = await loop.run_in_executor(None, self.producer.close, remaining)
+        await self.sender.close()
+        await runner.cleanup()
+        log.info(
+            "bridge.stopped",
+            extra={
+                "fields": {
+                    "undelivered_bridge_records": unflushed,
+                    "deliveries_left_for_redelivery": unsettled,
+                    "left_group": left_group,
+                }
+            },
+        )
+        return left_group and unsettled == 0

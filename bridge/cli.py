@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import sys
@@ -98,7 +99,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = load_config_argument(args)
     logs.configure(config.logging.format, config.logging.level)
-    run_event_loop(_run_app(config))
+    if not run_event_loop(_run_app(config)):
+        # A step of the shutdown was cut at the grace deadline (the broker unreachable, say):
+        # its thread may still be blocked in librdkafka, and waiting for it at interpreter exit
+        # would outlive the grace period. Everything that could be settled is; exit now.
+        logging.shutdown()
+        os._exit(EXIT_OK)
     return EXIT_OK
 
 
@@ -111,10 +117,13 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-async def _run_app(config: Config) -> None:
+async def _run_app(config: Config) -> bool:
+    """Run the service; True when its shutdown finished every step within the grace period."""
     from bridge.app import App
 
-    await App(config).run()
+    app = App(config)
+    await app.run()
+    return app.clean
 
 
 def cmd_check(args: argparse.Namespace) -> int:

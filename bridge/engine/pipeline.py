@@ -63,6 +63,7 @@ RESUME_FRACTION = 0.75
 BACKPRESSURE_WAIT_S = 0.25
 WAITING_LIMIT = 500  # retry records kept in hand per held partition
 REVOKE_DRAIN_S = 10.0
+HAND_OFF_SHARE = 0.3  # of the shutdown grace kept for handing off, committing and closing
 
 
 def now_ms() -> int:
@@ -723,21 +724,40 @@ class Pipeline:
 
     # ---- shutdown ----------------------------------------------------------------------------
 
-    async def drain(self, grace: float) -> None:
-        """Stop taking records, finish deliveries within ``grace`` s, hand off the rest, commit."""
+    async def drain(self, deadline: float) -> int:
+        """Stop taking records, finish deliveries, hand off the rest, commit: all by
+        ``deadline`` (event-loop time), whatever the broker or a receiver does. Deliveries get
+        until ``HAND_OFF_SHARE`` of the time is left, the hand-off to rung 1 half of that, the
+        commit the rest; a step still running at its limit is left (its records are delivered
+        again by whoever consumes them next: at least once). Returns how many deliveries were
+        left unsettled."""
+        loop = asyncio.get_running_loop()
+        reserve = max(0.0, deadline - loop.time()) * HAND_OFF_SHARE
         self.stopping = True
-        await self._flow_control()
+        await run_until(self._flow_control(), deadline - reserve)
         pending = [task for tasks in self.tasks.values() for task in tasks]
         if pending:
-            _done, still = await asyncio.wait(pending, timeout=grace)
+            _done, still = await asyncio.wait(
+                pending, timeout=max(0.0, deadline - reserve - loop.time())
+            )
             if still:
                 self.handing_off = True
                 for task in still:
                     task.cancel()
-                await asyncio.wait(still, timeout=max(5.0, grace / 4))
+                await asyncio.wait(still, timeout=max(0.0, deadline - reserve / 2 - loop.time()))
         offsets = self._committable(self.trackers)
         if offsets:
-            await self.consumer.call(self.consumer.commit_now, offsets)
+            await run_until(self.consumer.call(self.consumer.commit_now, offsets), deadline)
+        return sum(not task.done() for tasks in self.tasks.values() for task in tasks)
+
+
+async def run_until(step: Coroutine[Any, Any, Any], deadline: float) -> bool:
+    """Run ``step`` until ``deadline`` (event-loop time); False if it was cut short."""
+    try:
+        await asyncio.wait_for(step, max(0.0, deadline - asyncio.get_running_loop().time()))
+    except TimeoutError:
+        return False
+    return True
 
 
 def _names(tps: Iterable[TP]) -> str:

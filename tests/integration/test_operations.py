@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka.admin import AdminClient
 
 from bridge.core.envelope import header_map
-from devtools.devkafka import free_port
+from devtools.devkafka import Broker, free_port
 from devtools.samples import make_record
 from tests.bridge_harness import REPO, BridgeSetup, webhook
 from tests.kafka_helpers import QUIET, committed_offsets, create_topics, wait_for
@@ -250,3 +256,82 @@ def test_failed_write_to_a_delay_topic_keeps_the_source_offset(
         30,
         message="the offset committed once the retry is written",
     )
+
+
+@pytest.mark.parametrize("fault", ["stopped", "frozen"])
+def test_shutdown_ends_within_the_grace_period_whatever_the_broker_does(
+    receiver: Receiver, tmp_path: Path, fault: str
+) -> None:
+    """With deliveries in flight and the broker stopped (or frozen by SIGSTOP), SIGTERM still
+    ends the bridge within shutdown_grace_seconds: what could not be settled is left for
+    redelivery, bridge.stopped says so, and the exit code is 0."""
+    grace = 3.0
+    broker = Broker(tmp_path / "own-broker")
+    bootstrap = broker.start()
+    pid = broker.pid()
+    assert pid is not None
+    try:
+        receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=30)
+        setup = BridgeSetup(
+            bootstrap,
+            tmp_path,
+            [webhook("slow", "acct_1", receiver.url("/slow"))],
+            delivery={"timeout_seconds": 20.0, "shutdown_grace_seconds": grace},
+        )
+        setup.create_topics()
+        bridge = setup.start_bridge()
+        setup.produce_records([make_record(f"tx-grace-{i}", "acct_1") for i in range(3)])
+        wait_for(lambda: len(receiver.on("/slow")) == 3, 30, message="deliveries in flight")
+        if fault == "stopped":
+            broker.kill()
+        else:
+            os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        code = bridge.terminate(timeout=grace + 15)
+        took = time.monotonic() - started
+        stopped = [json.loads(line) for line in bridge.log_lines() if '"bridge.stopped"' in line]
+        assert code == 0, bridge.log_tail()
+        assert took < grace + 2.0, f"the bridge took {took:.1f}s to stop (grace {grace}s)"
+        assert len(stopped) == 1, bridge.log_tail()
+        assert stopped[0]["deliveries_left_for_redelivery"] == 3
+    finally:
+        if fault == "frozen":
+            os.kill(pid, signal.SIGCONT)
+        broker.stop()
+
+
+def test_port_zero_is_reported_as_the_port_actually_bound(
+    receiver: Receiver, bridge_setup: Setup, tmp_path: Path
+) -> None:
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))])
+    document = yaml.safe_load(setup.config_path.read_text())
+    document["metrics"]["port"] = 0
+    config = tmp_path / "port-zero.yaml"
+    config.write_text(yaml.safe_dump(document))
+    log = (tmp_path / "port-zero.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "run", "-c", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+
+        def started() -> dict[str, object] | None:
+            for line in (tmp_path / "port-zero.log").read_text().splitlines():
+                if '"bridge.started"' in line:
+                    event: dict[str, object] = json.loads(line)
+                    return event
+            return None
+
+        wait_for(lambda: started() is not None, 30, message="bridge.started")
+        event = started()
+        assert event is not None
+        port = event["metrics_port"]
+        assert isinstance(port, int) and port > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            assert answer.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        log.close()
