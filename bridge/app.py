@@ -25,6 +25,7 @@ from bridge.http.sender import HttpSender
 from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
 from bridge.kafka.producer import DurableProducer
 from bridge.ops.health import health_app, start_health_server
+from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.app")
@@ -76,12 +77,13 @@ class App:
                     "statistics.interval.ms": 5000,
                     "stats_cb": self._on_stats,
                     "error_cb": self._on_kafka_error,
+                    "logger": LIBRDKAFKA,
                     "log_level": 3,
                 },
             )
         )
         self.producer = DurableProducer(
-            {**settings, "error_cb": self._on_kafka_error, "log_level": 3}
+            {**settings, "error_cb": self._on_kafka_error, "logger": LIBRDKAFKA, "log_level": 3}
         )
         self.sender = HttpSender.from_settings(config.delivery)
         self.pipeline = Pipeline(

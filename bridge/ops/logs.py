@@ -3,15 +3,69 @@
 Callers log an event name as the message and the context as ``extra={"fields": {...}}``:
 ``log.info("delivery.failed", extra={"fields": {"webhook": "shop", "attempt": 2}})``.
 Bodies and secrets are never passed in.
+
+librdkafka's own messages come through :data:`LIBRDKAFKA` (the ``logger`` setting of every Kafka
+client), so they are events like the others (``librdkafka.log``, with facility, client and
+detail) and every line on stderr is JSON. A broker that is down makes librdkafka and the error
+callback repeat the same line many times a second: :class:`Summarise` passes the first of a kind,
+drops the repeats for :data:`SUMMARY_WINDOW_S`, and adds their count (``repeated``) to the next
+one after that.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, Final
+
+LIBRDKAFKA: Final = logging.getLogger("bridge.kafka.librdkafka")
+"""The logger given to every Kafka client (``{"logger": LIBRDKAFKA}``)."""
+
+SUMMARY_WINDOW_S: Final = 10.0
+SUMMARISED_EVENTS: Final = frozenset({"kafka.error"})
+_NUMBERS: Final = re.compile(r"\d+")
+
+
+class Summarise(logging.Filter):
+    """Passes the first record of a kind, drops its repeats for ``window`` seconds, and adds
+    their count (``repeated``) to the next record of that kind after the window. A kind is the
+    event with its fields, numbers aside ("after 0ms" and "after 2ms" are the same kind); only
+    librdkafka's messages and :data:`SUMMARISED_EVENTS` are summarised."""
+
+    def __init__(self, window: float = SUMMARY_WINDOW_S) -> None:
+        super().__init__()
+        self.window = window
+        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (passed at, dropped since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == LIBRDKAFKA.name and record.args:
+            _as_event(record)
+        elif record.getMessage() not in SUMMARISED_EVENTS:
+            return True
+        fields = getattr(record, "fields", {})
+        kind = _NUMBERS.sub("#", f"{record.name} {record.getMessage()} {sorted(fields.items())}")
+        now = time.monotonic()
+        passed, dropped = self._kinds.get(kind, (float("-inf"), 0))
+        if now - passed < self.window:
+            self._kinds[kind] = (passed, dropped + 1)
+            return False
+        if len(self._kinds) > 1000:
+            self._kinds.clear()
+        self._kinds[kind] = (now, 0)
+        if dropped:
+            record.fields = {**fields, "repeated": dropped}
+        return True
+
+
+def _as_event(record: logging.LogRecord) -> None:
+    """librdkafka's ``"%s [%s] %s" % (facility, client, message)`` as a ``librdkafka.log``
+    event with those three fields."""
+    facility, client, detail = (str(arg) for arg in (*record.args, "", "", "")[:3])  # type: ignore[misc]
+    record.msg, record.args = "librdkafka.log", ()
+    record.fields = {"facility": facility, "client": client, "detail": detail}
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,6 +101,7 @@ def configure(fmt: str = "json", level: str = "info") -> None:
     """Send the bridge's logs to stderr in ``fmt`` (json or text) at ``level``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(Summarise())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

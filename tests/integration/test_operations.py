@@ -226,7 +226,23 @@ def test_broker_unreachable_at_start_keeps_readiness_false(
         30,
         message="a log line about the unreachable broker",
     )
+    started = time.monotonic()
+    wait_for(lambda: time.monotonic() - started > 6, 10, message="six seconds of a broker away")
     assert bridge.terminate() == 0
+    assert_every_line_is_json(bridge.log_lines(), most=30)
+
+
+def assert_every_line_is_json(lines: list[str], most: int) -> None:
+    """Every line the bridge wrote to stdout and stderr is one JSON object, librdkafka's too,
+    and repeated failures are summarised: at most ``most`` lines in all."""
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"a line that is not JSON: {line!r}") from None
+    assert all(isinstance(event, dict) and "event" in event for event in events)
+    assert len(events) <= most, f"{len(events)} lines: {[e['event'] for e in events]}"
 
 
 def test_failed_write_to_a_delay_topic_keeps_the_source_offset(
@@ -294,6 +310,7 @@ def test_shutdown_ends_within_the_grace_period_whatever_the_broker_does(
         assert took < grace + 2.0, f"the bridge took {took:.1f}s to stop (grace {grace}s)"
         assert len(stopped) == 1, bridge.log_tail()
         assert stopped[0]["deliveries_left_for_redelivery"] == 3
+        assert_every_line_is_json(bridge.log_lines(), most=60)
     finally:
         if fault == "frozen":
             os.kill(pid, signal.SIGCONT)
