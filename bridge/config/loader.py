@@ -55,7 +55,14 @@ from bridge.core.settings import (
 )
 from bridge.core.signing import standard_webhooks_key
 from bridge.core.urls import UrlError, parse_webhook_url
-from bridge.core.webhook import DEFAULT_SIGNATURE, EVENTS, SECRET_HEADER_MIN_LENGTH, Secret, Webhook
+from bridge.core.webhook import (
+    DEFAULT_SIGNATURE,
+    EVENTS,
+    SECRET_HEADER_MIN_LENGTH,
+    Secret,
+    TlsSettings,
+    Webhook,
+)
 
 CONFIG_FILE_LIMIT_BYTES: Final = 64 * 1024 * 1024
 """A configuration file larger than this (64 MiB) is refused unread."""
@@ -401,6 +408,14 @@ class _Field:
     node: bool = False  # keep the YAML node itself: the loader reads it entry by entry
 
 
+_TLS_FIELDS: Final = {
+    "tls_ca_file": _Field(_file_path),
+    "tls_client_cert_file": _Field(_file_path),
+    "tls_client_key_file": _Field(_file_path),
+    "tls_min_version": _Field(_choice("TLSv1.2", "TLSv1.3")),
+}
+"""Receiver TLS, in ``delivery`` (the default) and in each webhook (its own, key by key)."""
+
 _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
     "kafka": {
         "bootstrap_servers": _Field(_text),
@@ -446,6 +461,7 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
         "allow_private_networks": _Field(_boolean),
         "allowed_networks": _Field(_networks),
         "shutdown_grace_seconds": _Field(_seconds(0, 3600)),
+        **_TLS_FIELDS,
     },
     "metrics": {
         "host": _Field(_text),
@@ -477,6 +493,7 @@ _WEBHOOK_FIELDS: Final = {
     "concurrency": _Field(_integer(1, 10_000)),
     **{name: _Field(_text) for name in _SECRET_NAMES[2:]},
     **{f"{name}_file": _Field(_file_path) for name in _SECRET_NAMES[2:]},
+    **_TLS_FIELDS,
 }
 
 Where: TypeAlias = Callable[[str], str]
@@ -669,7 +686,11 @@ class _Loader:
             name: self.section(top.get(name, (None, None))[1], spec, _section_where(name))
             for name, spec in _SECTIONS.items()
         }
-        delivery = DeliveryConfig(**sections["delivery"].values)
+        delivery_values = sections["delivery"].values
+        tls = self.tls(sections["delivery"], TlsSettings())
+        delivery = DeliveryConfig(
+            **{k: v for k, v in delivery_values.items() if k not in _TLS_FIELDS}, tls=tls
+        )
         webhooks: tuple[Webhook, ...] = ()
         if "webhooks" not in top:
             self.problem(root, "section 'webhooks'", "missing (required; may be an empty list [])")
@@ -1073,6 +1094,11 @@ class _Loader:
         secret = secrets["secret"]
         if len(self._problems) > before or secret is None:
             return None
+        tls = self.tls(section, delivery.tls)
+        for name in _TLS_FIELDS:
+            values.pop(name, None)
+        if len(self._problems) > before:
+            return None
         timeout_seconds = values.pop("timeout_seconds", delivery.timeout_seconds)
         concurrency = values.pop("concurrency", delivery.concurrency_per_webhook)
         return Webhook(
@@ -1082,8 +1108,28 @@ class _Loader:
             previous_standard_webhooks_secret=secrets["previous_standard_webhooks_secret"],
             timeout_seconds=timeout_seconds,
             concurrency=concurrency,
+            tls=tls,
             **values,
         )
+
+    def tls(self, section: _Values, default: TlsSettings) -> TlsSettings:
+        """The ``tls_*`` keys of a section over ``default``; the files must be readable, and a
+        client certificate and its key come together."""
+        values = section.values
+        for name in ("tls_ca_file", "tls_client_cert_file", "tls_client_key_file"):
+            path = values.get(name)
+            if path is not None and not os.access(path, os.R_OK):
+                self.problem(section.nodes[name], section.where(name), f"cannot read {path}")
+        settings = TlsSettings(
+            ca_file=values.get("tls_ca_file", default.ca_file),
+            client_cert_file=values.get("tls_client_cert_file", default.client_cert_file),
+            client_key_file=values.get("tls_client_key_file", default.client_key_file),
+            min_version=values.get("tls_min_version", default.min_version),
+        )
+        if (settings.client_cert_file is None) != (settings.client_key_file is None):
+            message = "tls_client_cert_file and tls_client_key_file go together"
+            self.problem(section.node, section.where("tls_client_cert_file"), message)
+        return settings
 
     def check_secrets(self, section: _Values, secrets: Mapping[str, Secret | None]) -> None:
         """The rules between a webhook's secrets, its signature scheme and its URL.

@@ -15,6 +15,7 @@ from bridge.core.webhook import (
     DEFAULT_CONCURRENCY_PER_WEBHOOK,
     DEFAULT_TIMEOUT_SECONDS,
     Secret,
+    TlsSettings,
     Webhook,
 )
 
@@ -123,6 +124,7 @@ class DeliveryConfig:
     allow_private_networks: bool = False
     allowed_networks: tuple[IPNetwork, ...] = ()
     shutdown_grace_seconds: float = 20.0
+    tls: TlsSettings = field(default_factory=TlsSettings)  # the default of each webhook's own
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,21 @@ class Secret:
         return hash(self._value)
 
 
+TlsVersion: TypeAlias = Literal["TLSv1.2", "TLSv1.3"]
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """How deliveries to an https receiver set up TLS: a CA file *added* to the system store
+    (for receivers behind a private CA), a client certificate and key (receivers that require
+    mutual TLS; the key unencrypted), and the least TLS version accepted."""
+
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    min_version: TlsVersion = "TLSv1.2"
+
+
 @dataclass(frozen=True, slots=True)
 class Webhook:
     """One subscription: where to send which events of one account holder, and how to sign them.
@@ -76,3 +91,4 @@ class Webhook:
     concurrency: int = DEFAULT_CONCURRENCY_PER_WEBHOOK
     standard_webhooks_secret: Secret | None = None
     previous_standard_webhooks_secret: Secret | None = None
+    tls: TlsSettings = TlsSettings()

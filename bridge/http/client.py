@@ -135,7 +135,10 @@ class _Connection(asyncio.Protocol):
         live: set[_Connection],
         header_limit: int,
         body_limit: int,
+        tls: bool = False,
     ) -> None:
+        self.tls = tls
+        self.exchanges = 0  # requests sent on this connection
         self.pool = pool
         self.live = live  # every open connection of the client, for close()
         self.header_limit = header_limit
@@ -176,6 +179,7 @@ class _Connection(asyncio.Protocol):
         self.status = self.head_bytes = self.header_bytes = self.body_bytes = 0
         self.complete = self.capped = False
         self.busy = True
+        self.exchanges += 1
         transport.write(data)
         return waiter
 
@@ -275,7 +279,13 @@ class _Connection(asyncio.Protocol):
                 return
             reason = f": {exc}" if exc is not None else ""
             where = "before a response" if self.status == 0 else "before the end of the response"
-            self._fail(HttpError("connection_error", f"connection closed {where}{reason}"))
+            kind = "tls_error" if isinstance(exc, ssl.SSLError) else "connection_error"
+            if self.tls and self.exchanges == 1 and self.head_bytes == 0 and exc is None:
+                # In TLS 1.3 a server refuses a client certificate (or its absence) after the
+                # handshake, and the transport reports only the end of the stream.
+                kind = "tls_error"
+                reason = " (a TLS connection closed unanswered: client certificate refused?)"
+            self._fail(HttpError(kind, f"connection closed {where}{reason}"[:200]))
         elif self in self.pool:
             self.pool.remove(self)
 
@@ -345,7 +355,9 @@ class HttpClient:
         self._header_limit = header_limit
         self._idle_timeout = idle_timeout
         self._targets: dict[str, Target | HttpError] = {}
-        self._pools: dict[tuple[str, str, int], list[_Connection]] = {}
+        # by origin and TLS context: a connection made with one client certificate or trust
+        # store never carries a request meant for another
+        self._pools: dict[tuple[str, str, int, int], list[_Connection]] = {}
         self._live: set[_Connection] = set()
 
     def target(self, url: str) -> Target:
@@ -363,9 +375,18 @@ class HttpClient:
             raise target
         return target
 
-    async def post(self, url: str, headers: dict[str, str], body: bytes, timeout: float) -> int:
+    async def post(
+        self,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        timeout: float,
+        tls: ssl.SSLContext | None = None,
+    ) -> int:
         """POST ``body`` and return the status of the complete response; raises HttpError when
-        none arrived (and for nothing else but cancellation)."""
+        none arrived (and for nothing else but cancellation). ``tls`` is the context of an
+        https destination (default: the client's, the system store)."""
+        context = tls or self._ssl
         loop = asyncio.get_running_loop()
         try:
             target = self.target(url)
@@ -380,7 +401,9 @@ class HttpClient:
         connection: _Connection | None = None
         waiter: asyncio.Future[int] | None = None
         try:
-            connection = self._idle(target) or await self._connect(target, deadline, timeout)
+            connection = self._idle(target, context) or await self._connect(
+                target, context, deadline, timeout
+            )
             waiter = connection.send(data, deadline, timeout)
             return await waiter
         except HttpError:
@@ -396,8 +419,8 @@ class HttpClient:
                 connection.abort()
             raise HttpError("connection_error", _unexpected(exc)) from None
 
-    def _idle(self, target: Target) -> _Connection | None:
-        pool = self._pools.get((target.scheme, target.host, target.port))
+    def _idle(self, target: Target, context: ssl.SSLContext) -> _Connection | None:
+        pool = self._pools.get((target.scheme, target.host, target.port, id(context)))
         if not pool:
             return None
         oldest_allowed = asyncio.get_running_loop().time() - self._idle_timeout
@@ -408,9 +431,11 @@ class HttpClient:
             connection.abort()
         return None
 
-    async def _connect(self, target: Target, deadline: float, timeout: float) -> _Connection:
+    async def _connect(
+        self, target: Target, context: ssl.SSLContext, deadline: float, timeout: float
+    ) -> _Connection:
         loop = asyncio.get_running_loop()
-        key = (target.scheme, target.host, target.port)
+        key = (target.scheme, target.host, target.port, id(context))
         pool = self._pools.setdefault(key, [])
         self._prune(pool, loop.time())
         tls = target.scheme == "https"
@@ -422,16 +447,19 @@ class HttpClient:
                     try:
                         _transport, connection = await loop.create_connection(
                             lambda: _Connection(
-                                pool, self._live, self._header_limit, self._body_limit
+                                pool, self._live, self._header_limit, self._body_limit, tls
                             ),
                             address,
                             target.port,
-                            ssl=self._ssl if tls else None,
+                            ssl=context if tls else None,
                             server_hostname=target.host if tls else None,
                         )
                     except ssl.SSLError as exc:
                         raise HttpError("tls_error", f"{target.host}: {exc}"[:200]) from None
                     except OSError as exc:
+                        if tls and isinstance(exc, ConnectionResetError):  # mid-handshake
+                            detail = f"{target.host}: TLS handshake cut (version refused?)"
+                            raise HttpError("tls_error", detail) from None
                         errors.append(f"{address}: {exc.strerror or exc}")
                         continue
                     return connection

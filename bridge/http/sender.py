@@ -14,13 +14,17 @@ from __future__ import annotations
 import ssl
 import time
 from dataclasses import dataclass
+from typing import Final
 
 from bridge.core.destinations import DestinationPolicy
 from bridge.core.settings import DeliveryConfig
 from bridge.core.signing import build_headers
-from bridge.core.webhook import Webhook
+from bridge.core.webhook import TlsSettings, Webhook
 from bridge.http.client import HttpClient, HttpError
 from bridge.http.resolver import SafeResolver
+from bridge.http.tls import TlsContexts, TlsError
+
+DEFAULT_TLS: Final = TlsSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,13 +34,15 @@ class DeliveryRequest:
     url: str
     headers: dict[str, str]
     body: bytes
+    tls: TlsSettings = DEFAULT_TLS
 
 
 def build_request(
     webhook: Webhook, message_id: str, body: bytes, timestamp: int
 ) -> DeliveryRequest:
     """The signed request delivering ``body`` to ``webhook`` as message ``message_id``."""
-    return DeliveryRequest(webhook.url, build_headers(webhook, message_id, timestamp, body), body)
+    headers = build_headers(webhook, message_id, timestamp, body)
+    return DeliveryRequest(webhook.url, headers, body, webhook.tls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +91,21 @@ class HttpSender:
             connect_timeout=connect_timeout,
             body_limit=body_limit,
         )
+        self._contexts = TlsContexts()
 
     async def send(self, request: DeliveryRequest, timeout: float) -> Outcome:
         """POST ``request`` once; never raises for a delivery failure, returns the outcome."""
         started = time.perf_counter()
         try:
-            status = await self._client.post(request.url, request.headers, request.body, timeout)
+            # the default setting uses the client's own context (the system store)
+            tls = None if request.tls == DEFAULT_TLS else self._contexts.get(request.tls)
+            status = await self._client.post(
+                request.url, request.headers, request.body, timeout, tls
+            )
         except HttpError as exc:
             return Outcome(None, exc.kind, time.perf_counter() - started, exc.detail)
+        except TlsError as exc:
+            return Outcome(None, "tls_error", time.perf_counter() - started, str(exc)[:200])
         return Outcome(status, "", time.perf_counter() - started)
 
     async def close(self) -> None:

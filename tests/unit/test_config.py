@@ -1150,3 +1150,40 @@ webhooks: []
     assert len(caught.value.problems) == 2  # group_id and retry.attempts
     assert PLANTED not in str(caught.value)
     assert PLANTED not in repr(caught.value)
+
+
+def test_receiver_tls_settings_default_from_delivery_and_override_per_webhook(
+    tmp_path: Path,
+) -> None:
+    for name in ("ca.pem", "cert.pem", "key.pem", "other-ca.pem"):
+        (tmp_path / name).write_text("pem")
+    text = webhook_yaml(tls_ca_file=f"'{tmp_path / 'other-ca.pem'}'", tls_min_version="TLSv1.3")
+    text = text.replace(
+        "webhooks:",
+        f"delivery:\n  tls_ca_file: '{tmp_path / 'ca.pem'}'\n"
+        f"  tls_client_cert_file: '{tmp_path / 'cert.pem'}'\n"
+        f"  tls_client_key_file: '{tmp_path / 'key.pem'}'\nwebhooks:",
+    )
+    config = load_config(write(tmp_path, text), {})
+    (hook,) = config.webhooks
+    assert config.delivery.tls.ca_file == str(tmp_path / "ca.pem")
+    assert hook.tls.ca_file == str(tmp_path / "other-ca.pem")  # its own
+    assert hook.tls.client_cert_file == str(tmp_path / "cert.pem")  # the default's
+    assert hook.tls.min_version == "TLSv1.3"
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"tls_ca_file": "'/nonexistent/ca.pem'"}, "field 'tls_ca_file': cannot read"),
+        ({"tls_client_cert_file": "'{ca}'"}, "tls_client_cert_file and tls_client_key_file go"),
+        ({"tls_min_version": "TLSv1.1"}, "field 'tls_min_version': unknown value 'TLSv1.1'"),
+    ],
+)
+def test_receiver_tls_problems_name_the_field(
+    tmp_path: Path, fields: dict[str, str], problem: str
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    text = webhook_yaml(**{k: v.replace("{ca}", str(ca)) for k, v in fields.items()})
+    assert any(problem in line for line in problems_of(write(tmp_path, text))), problem
