@@ -172,11 +172,11 @@ class Pipeline:
                 await self._wait_for_room()
                 room = self._room()
             if self.carry:  # records already in hand come first; nothing new is fetched meanwhile
-                if room:
+                if room:  # (without room, the turn has just waited for it)
                     carried, self.carry = list(self.carry), deque()
                     await self._handle(carried)
-                if self.carry:  # the head's fan-out does not fit yet: wait for deliveries to end
-                    await self._wait_for_room()
+                    if self.carry:  # the head's fan-out does not fit yet: wait for deliveries
+                        await self._wait_for_room()
                 await self._flow_control()
                 continue
             # Even at the limit a turn polls (for one record), so rebalances and the group's
