@@ -876,7 +876,8 @@ class _Loader:
 
     def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:
         """``kafka.properties``, each value a string, ``"${ENV_VAR}"`` or ``{file: PATH}``;
-        credentials (:func:`is_kafka_credential`) become Secrets."""
+        credentials (:func:`is_kafka_credential`) and every value read from the environment or
+        a file become Secrets (whoever reads a value indirectly may well keep a secret there)."""
         node = section.values.pop("properties", None)
         if node is None:
             return MappingProxyType({})
@@ -903,8 +904,10 @@ class _Loader:
         return MappingProxyType(properties)
 
     def kafka_property(self, node: Node, where: str, credential: bool) -> str | Secret | None:
-        """One property value (None when a problem was reported)."""
+        """One property value (None when a problem was reported): a Secret when it is a
+        credential or was read from the environment or a file."""
         raw = self.value(node)
+        indirect = False
         if credential and isinstance(raw, str):
             self.remember_secret(raw)
         if isinstance(raw, dict):
@@ -913,6 +916,7 @@ class _Loader:
             secret = self.secret_file(node, where, _file_path(raw["file"]), credential)
             if secret is None:
                 return None
+            indirect = True
             try:
                 text = secret.reveal().decode("utf-8")
             except UnicodeDecodeError:
@@ -924,8 +928,8 @@ class _Loader:
                 text = self.environ.get(variable, "")
                 if not text:
                     raise _Invalid(f"environment variable {variable} is not set or empty")
-                if credential:
-                    self.remember_secret(text)
+                self.remember_secret(text)
+                indirect = True
             elif "${" in raw:
                 raise _Invalid("write ${NAME} alone to read an environment variable")
             else:
@@ -945,9 +949,9 @@ class _Loader:
             )
         if _SURROGATE.search(text) or "\0" in text:
             raise _Invalid("must be text without NUL characters or lone surrogates")
-        if not credential:
+        if not (credential or indirect):
             return text
-        if not text.strip():
+        if credential and not text.strip():
             raise _Invalid("must not be empty")
         return Secret(text.encode("utf-8"))
 
@@ -1030,10 +1034,9 @@ class _Loader:
     def secret_file(
         self, node: Node, where: str, path: str, credential: bool = True
     ) -> Secret | None:
-        """Read a secret file (one trailing newline stripped) and remember it as a source.
-
-        ``credential`` False: a file holding a value that is not secret (a Kafka property).
-        """
+        """Read a secret file (one trailing newline stripped) and remember it as a source; its
+        content is masked in every message. ``credential`` False only words the messages as a
+        plain file (the value of a Kafka property that is not a credential)."""
         kind = "secret file" if credential else "file"
         shown = _clip(path, 200)
         try:
@@ -1051,8 +1054,7 @@ class _Loader:
             return None
         self.sources.append((Path(path), sha256_hex(data)))
         value = data[:-2] if data.endswith(b"\r\n") else data.removesuffix(b"\n")
-        if credential:
-            self.remember_secret(value)
+        self.remember_secret(value)
         if not value:
             self.problem(node, where, f"{kind} {shown} is empty")
             return None

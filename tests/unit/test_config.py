@@ -1080,9 +1080,12 @@ webhooks: []
     assert properties["ssl.key.password"] == Secret(f"{PLANTED}-file".encode())
     assert properties["sasl.oauthbearer.client.secret"] == Secret(f"{PLANTED}-env".encode())
     assert properties["ssl.keystore.password"] == Secret(f"{PLANTED}-inline".encode())
-    assert properties["ssl.ca.pem"] == "-----BEGIN CERTIFICATE-----\nMIIB"
-    assert properties["sasl.oauthbearer.client.id"] == "bridge-client"
+    # read from a file or the environment: kept as a Secret even when not a credential
+    assert properties["ssl.ca.pem"] == Secret(b"-----BEGIN CERTIFICATE-----\nMIIB")
+    assert properties["sasl.oauthbearer.client.id"] == Secret(b"bridge-client")
     settings = config.kafka_settings()
+    assert settings["ssl.ca.pem"] == "-----BEGIN CERTIFICATE-----\nMIIB"
+    assert settings["sasl.oauthbearer.client.id"] == "bridge-client"
     assert settings["ssl.key.password"] == f"{PLANTED}-file"
     assert settings["sasl.oauthbearer.client.secret"] == f"{PLANTED}-env"
     assert settings["ssl.keystore.password"] == f"{PLANTED}-inline"
