@@ -1,5 +1,19 @@
-"""Per-webhook lanes: the concurrency limit of each webhook, and telling a busy webhook from a
-stalled one (whose deliveries are then parked instead of holding the in-flight budget)."""
+"""Per-webhook lanes: the concurrency limit of each webhook, telling a busy webhook from a
+stalled one (whose deliveries are then parked instead of holding the in-flight budget), and the
+budget of attempts a webhook may spend without an answer.
+
+The unanswered budget bounds what one webhook that answers nothing can cost everyone else. An
+attempt that ends without any HTTP status (refused, reset, timed out, malformed or unsolicited
+bytes, TLS garbage) costs a connection and often a handshake, on the bridge and on the machine;
+at 500 records/s a neighbour with nine such webhooks asked for thousands of them a second, and
+the healthy webhooks' latency went from 24 ms to 12 s (docs/PERFORMANCE.md). Each lane therefore
+holds ``UNANSWERED_BURST`` credits, refilled at ``UNANSWERED_PER_S`` a second; an unanswered
+attempt spends one; an answer (any status, 2xx or not) spends nothing, so a webhook that
+answers again flows at once as soon as it has one credit, while one that alternates answers with
+silence cannot refill itself. With no credit left a delivery is parked like a stalled webhook's
+(no request made, no attempt used) until credit returns. A webhook with ordinary failures never
+meets the bound: the whole ladder of a burst of records fits in the credit.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 
 TURN_AWAY_BATCH = 25
+UNANSWERED_PER_S = 10.0
+UNANSWERED_BURST = 100.0
 
 
 TURN_AWAY_INTERVAL_S = 0.01
@@ -28,6 +44,8 @@ class Lane:
 
     __slots__ = (
         "active",
+        "credit",
+        "credit_at",
         "hurry",
         "is_stalled",
         "last_answer",
@@ -44,10 +62,38 @@ class Lane:
         self.patience = patience
         self.hurry = hurry  # true while waiters hold up others (the in-flight limit is reached)
         self.active = 0
+        self.credit = UNANSWERED_BURST  # unanswered attempts this webhook may still spend
+        self.credit_at = time.monotonic()  # when ``credit`` was last brought up to date
         self.is_stalled = False
         self.last_answer = time.monotonic()
         self.waiters: deque[asyncio.Future[bool]] = deque()
         self.watch: asyncio.TimerHandle | None = None
+
+    def out_of_credit(self) -> bool:
+        """Whether the webhook has spent its unanswered budget: its deliveries are parked."""
+        return self._refill() < 1.0
+
+    def _refill(self) -> float:
+        now = time.monotonic()
+        if self.credit < UNANSWERED_BURST:
+            self.credit = min(
+                UNANSWERED_BURST, self.credit + (now - self.credit_at) * UNANSWERED_PER_S
+            )
+        self.credit_at = now
+        return self.credit
+
+    async def enter(self) -> bool:
+        """Take a slot for one attempt, waiting while the webhook keeps answering; False when the
+        delivery is to be parked instead: the webhook is stalled or out of unanswered credit
+        (also when the credit ran out while it waited)."""
+        if self.out_of_credit():
+            return False
+        if not self.try_acquire() and (self.stalled() or not await self.acquire()):
+            return False
+        if self.out_of_credit():
+            self._free_slot()
+            return False
+        return True
 
     def try_acquire(self) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
@@ -122,6 +168,11 @@ class Lane:
         if answered:
             self.last_answer = time.monotonic()
             self.is_stalled = False
+        else:  # attempts already under way when the credit ran out may take it below zero
+            self.credit = max(-UNANSWERED_BURST, self._refill() - 1.0)
+        self._free_slot()
+
+    def _free_slot(self) -> None:
         while self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():

@@ -441,7 +441,7 @@ class Pipeline:
     async def _attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
         """One attempt, then its consequence: received, next rung, parked or dead letter."""
         lane = self._lane(webhook)
-        if not lane.try_acquire() and (lane.stalled() or not await lane.acquire()):
+        if not await lane.enter():
             await self._defer(delivery, webhook)  # parked: no request made, no attempt spent
             return
         answered = False

@@ -6,11 +6,13 @@ import hashlib
 import hmac
 import itertools
 import json
+import time
 from collections.abc import Callable
 
 import pytest
 
 from bridge.core.envelope import header_map
+from bridge.engine.budget import UNANSWERED_BURST, UNANSWERED_PER_S
 from devtools.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
 from tests.kafka_helpers import consume, wait_for
@@ -260,3 +262,36 @@ def test_in_flight_limit_holds_with_fan_out(receiver: Receiver, bridge_setup: Se
     assert gauge_peak <= limit, f"bridge_deliveries_in_flight reached {gauge_peak}"
     assert held_at_once <= limit, f"the receivers held {held_at_once} requests at once"
     assert len(arrivals) == records * fanout  # every pair once, none twice
+
+
+def test_a_webhook_that_answers_nothing_is_parked_once_its_credit_is_spent(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """Every attempt to /silent ends in a reset (no answer). Beyond UNANSWERED_BURST such attempts
+    (refilled UNANSWERED_PER_S a second) its deliveries are parked, not attempted; the healthy
+    webhook on the same records gets everything; every silent pair ends in the dead letters."""
+    records = int(UNANSWERED_BURST) * 3
+    receiver.behaviours["/silent"] = lambda _seen: Answer(reset=True)
+    setup = bridge_setup(
+        [
+            webhook("silent", "acct_n", receiver.url("/silent"), concurrency=4),
+            webhook("fine", "acct_n", receiver.url("/fine")),
+        ],
+        retry={"attempts": 2, "first_delay_ms": 100, "park_delay_ms": 300, "max_parks": 1},
+    )
+    started = time.monotonic()
+    setup.start_bridge()
+    setup.produce_records([make_record(f"tx-n{i}", "acct_n") for i in range(records)])
+
+    letters = [header_map(m.headers()) for m in setup.dead_letters(records, timeout=60)]
+    elapsed = time.monotonic() - started
+    assert {h["bridge-webhook"] for h in letters} == {"silent"}
+    assert len({h["bridge-message-id"] for h in letters}) == records, "one letter per pair"
+    reasons = {h["bridge-reason"] for h in letters}
+    assert "webhook_stalled" in reasons and reasons <= {"webhook_stalled", "retries_exhausted"}
+    wait_for(lambda: len(receiver.received_ids("/fine")) == records, 30, message="every fine one")
+    # Without the budget: three attempts per pair. With it: the burst, the refill, and what was
+    # already under way when the credit ran out.
+    attempts = len(receiver.on("/silent"))
+    assert attempts <= UNANSWERED_BURST + UNANSWERED_PER_S * elapsed + 4, (attempts, elapsed)
+    assert attempts < 3 * records

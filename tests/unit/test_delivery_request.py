@@ -8,9 +8,18 @@ import hashlib
 import hmac
 import time
 
+import pytest
+
 from bridge import __version__
 from bridge.core.webhook import Secret, Webhook
-from bridge.engine.budget import TURN_AWAY_BATCH, TURN_AWAY_INTERVAL_S, Lane
+from bridge.engine import budget
+from bridge.engine.budget import (
+    TURN_AWAY_BATCH,
+    TURN_AWAY_INTERVAL_S,
+    UNANSWERED_BURST,
+    UNANSWERED_PER_S,
+    Lane,
+)
 from bridge.http.sender import DeliveryRequest, Outcome, build_request
 
 HOOK = Webhook(
@@ -142,3 +151,105 @@ def test_a_stalled_lane_in_a_hurry_turns_every_waiter_away_at_once() -> None:
     times = asyncio.run(_turned_away_times(3 * TURN_AWAY_BATCH, hurry=True))
     assert len(times) == 3 * TURN_AWAY_BATCH
     assert times[-1] - times[0] < TURN_AWAY_INTERVAL_S
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unanswered_attempts(lane: Lane, count: int) -> list[bool]:
+    """Make ``count`` attempts that end without an answer: whether each was let in."""
+
+    async def attempts() -> list[bool]:
+        let_in = []
+        for _ in range(count):
+            entered = await lane.enter()
+            let_in.append(entered)
+            if entered:
+                lane.release(answered=False)
+        return let_in
+
+    return asyncio.run(attempts())
+
+
+def test_a_webhook_that_answers_nothing_spends_its_credit_then_is_parked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(budget.time, "monotonic", clock)
+    lane = Lane(4, patience=5)
+    burst = int(UNANSWERED_BURST)
+    let_in = _unanswered_attempts(lane, burst + 50)
+    assert let_in == [True] * burst + [False] * 50
+    assert lane.active == 0, "a parked delivery holds no slot"
+    clock.now += 1.0  # a second refills UNANSWERED_PER_S credits, no more
+    let_in = _unanswered_attempts(lane, 3 * int(UNANSWERED_PER_S))
+    assert sum(let_in) == int(UNANSWERED_PER_S)
+    clock.now += 3600.0  # the credit never grows past the burst
+    assert sum(_unanswered_attempts(lane, 2 * burst)) == burst
+
+
+def test_answers_spend_no_credit_and_cannot_refill_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(budget.time, "monotonic", clock)
+
+    async def answered(lane: Lane, count: int) -> int:
+        let_in = 0
+        for _ in range(count):
+            if await lane.enter():
+                let_in += 1
+                lane.release(answered=True)  # a status, 2xx or not
+        return let_in
+
+    lane = Lane(1, patience=5)
+    assert asyncio.run(answered(lane, 1000)) == 1000  # answers cost nothing
+    _unanswered_attempts(lane, int(UNANSWERED_BURST))
+    assert lane.out_of_credit()
+    clock.now += 1 / UNANSWERED_PER_S  # one credit back: the webhook answers again, all flow
+    assert asyncio.run(answered(lane, 1000)) == 1000
+    # Alternating an answer with silence does not refill: one silence per credit.
+    let_in = 0
+    for _ in range(50):
+        let_in += asyncio.run(answered(lane, 1))
+        let_in += sum(_unanswered_attempts(lane, 1))
+    assert let_in == 2  # the answer and the silence that spent the last credit
+
+
+def test_attempts_under_way_when_credit_runs_out_leave_a_bounded_debt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(budget.time, "monotonic", clock)
+    lane = Lane(10_000, patience=5)
+    entered = [asyncio.run(lane.enter()) for _ in range(3 * int(UNANSWERED_BURST))]
+    assert all(entered)  # all started while credit was left
+    for _ in entered:
+        lane.release(answered=False)
+    assert lane.credit == -UNANSWERED_BURST
+    clock.now += (UNANSWERED_BURST + 1) / UNANSWERED_PER_S - 0.01  # back up to one credit
+    assert lane.out_of_credit()
+    clock.now += 0.02
+    assert not lane.out_of_credit()
+
+
+def test_a_waiter_whose_credit_ran_out_is_parked_and_passes_its_slot_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(budget.time, "monotonic", clock)
+
+    async def scenario() -> tuple[bool, bool, int]:
+        lane = Lane(1, patience=5)
+        lane.credit = 1.0
+        assert await lane.enter()  # the only slot
+        waiter = asyncio.ensure_future(lane.enter())
+        await asyncio.sleep(0)
+        lane.release(answered=False)  # the slot goes to the waiter, the credit is gone
+        parked = not await waiter
+        return parked, lane.out_of_credit(), lane.active
+
+    assert asyncio.run(scenario()) == (True, True, 0)
