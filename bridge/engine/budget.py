@@ -40,6 +40,11 @@ class Lane:
     that healthy webhooks need. It stays stalled until it answers again: meanwhile a delivery
     only starts when a slot is free (a probe, one per slot and per timeout) and never waits. One
     timer per lane watches for a stall, however many deliveries wait.
+
+    Waiting is also refused when the webhook's unanswered credit is spent (the waiters are turned
+    away as the credit runs out), and, while the in-flight limit holds everyone up, to a delivery
+    that has already waited ``patience`` seconds (:meth:`shed`): a webhook that answers, but too
+    slowly for its traffic, parks its excess instead of filling the limit.
     """
 
     __slots__ = (
@@ -66,7 +71,7 @@ class Lane:
         self.credit_at = time.monotonic()  # when ``credit`` was last brought up to date
         self.is_stalled = False
         self.last_answer = time.monotonic()
-        self.waiters: deque[asyncio.Future[bool]] = deque()
+        self.waiters: deque[tuple[asyncio.Future[bool], float]] = deque()  # and when it came
         self.watch: asyncio.TimerHandle | None = None
 
     def out_of_credit(self) -> bool:
@@ -115,7 +120,7 @@ class Lane:
         """Wait for a slot while the webhook keeps answering; False once it is stalled."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
-        self.waiters.append(waiter)
+        self.waiters.append((waiter, time.monotonic()))
         if self.watch is None:
             self.watch = loop.call_at(self._stall_at(loop), self._check)
         try:
@@ -150,15 +155,16 @@ class Lane:
         for _ in range(TURN_AWAY_BATCH):
             if not self.waiters:
                 return
-            waiter = self.waiters.popleft()
+            waiter, _came = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(False)
         if not self.waiters:
             return
         loop = asyncio.get_running_loop()
-        if self.is_stalled and self.hurry():
+        refusing = self.is_stalled or self.out_of_credit()
+        if refusing and self.hurry():
             loop.call_soon(self._turn_away)
-        elif self.is_stalled:
+        elif refusing:
             loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
         elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
             self.watch = loop.call_at(self._stall_at(loop), self._check)
@@ -169,12 +175,29 @@ class Lane:
             self.last_answer = time.monotonic()
             self.is_stalled = False
         else:  # attempts already under way when the credit ran out may take it below zero
-            self.credit = max(-UNANSWERED_BURST, self._refill() - 1.0)
+            had_credit = self._refill() >= 1.0
+            self.credit = max(-UNANSWERED_BURST, self.credit - 1.0)
+            if had_credit and self.credit < 1.0 and self.waiters:  # spent now: nobody waits
+                asyncio.get_running_loop().call_soon(self._turn_away)
         self._free_slot()
+
+    def shed(self) -> int:
+        """Turn away the waiters that have waited ``patience`` seconds or more (they are parked):
+        called while the in-flight limit holds everyone up, so a webhook that answers, but too
+        slowly for its traffic, cannot fill the limit with deliveries waiting for its slots.
+        Returns how many were turned away."""
+        since = time.monotonic() - self.patience
+        shed = 0
+        while self.waiters and self.waiters[0][1] <= since:
+            waiter, _came = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+                shed += 1
+        return shed
 
     def _free_slot(self) -> None:
         while self.waiters:
-            waiter = self.waiters.popleft()
+            waiter, _came = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(True)
                 return

@@ -169,6 +169,7 @@ class Pipeline:
             self.last_loop = time.monotonic()
             room = self._room()
             if room == 0:
+                self._shed_waiters()
                 await self._wait_for_room()
                 room = self._room()
             if self.carry:  # records already in hand come first; nothing new is fetched meanwhile
@@ -216,6 +217,14 @@ class Pipeline:
             pass
         finally:
             self._room_freed = None
+
+    def _shed_waiters(self) -> None:
+        """At the in-flight limit: park the deliveries that waited a lane's patience or more for
+        one of its slots (a webhook too slow for its traffic), so they do not hold up the
+        others' records."""
+        for lane in self.lanes.values():
+            if lane.waiters:
+                lane.shed()
 
     def _poll_timeout(self) -> float:
         if not self.holds:

@@ -253,3 +253,49 @@ def test_a_waiter_whose_credit_ran_out_is_parked_and_passes_its_slot_on(
         return parked, lane.out_of_credit(), lane.active
 
     assert asyncio.run(scenario()) == (True, True, 0)
+
+
+def test_waiters_are_turned_away_as_the_credit_runs_out() -> None:
+    async def scenario() -> tuple[list[bool], int]:
+        lane = Lane(1, patience=60)
+        lane.credit = 1.0
+        assert await lane.enter()  # the only slot; this attempt will end unanswered
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(3 * TURN_AWAY_BATCH)]
+        await asyncio.sleep(0)
+        lane.release(answered=False)  # the last credit: nobody may wait for a slot now
+        results = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        return results, lane.active
+
+    results, active = asyncio.run(scenario())
+    assert results == [False] * (3 * TURN_AWAY_BATCH)
+    assert active == 0
+
+
+def test_shed_parks_only_the_waiters_that_waited_their_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(budget.time, "monotonic", clock)
+
+    async def scenario() -> tuple[int, int, list[bool], int]:
+        lane = Lane(1, patience=2.0)
+        assert await lane.enter()  # a slow answer holds the only slot
+        old = [asyncio.ensure_future(lane.enter()) for _ in range(3)]
+        await asyncio.sleep(0)
+        clock.now += 1.5
+        young = [asyncio.ensure_future(lane.enter()) for _ in range(2)]
+        await asyncio.sleep(0)
+        early = lane.shed()  # nobody has waited 2 s yet
+        clock.now += 0.5
+        lane.last_answer = clock.now  # the webhook answers (slowly): it is not stalled
+        shed = lane.shed()  # the three old ones have waited 2 s
+        parked = [not r for r in await asyncio.gather(*old)]
+        lane.release(answered=True)  # the slot goes to the first young waiter
+        for _ in range(5):  # (no timers: the clock is the test's)
+            await asyncio.sleep(0)
+        entered = sum(task.done() and task.result() for task in young)
+        for task in young:
+            task.cancel()
+        return early, shed, parked, entered
+
+    assert asyncio.run(scenario()) == (0, 3, [True, True, True], 1)
