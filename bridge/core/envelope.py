@@ -1,7 +1,10 @@
 """The records the bridge writes to its own topics: delay-topic retries and dead letters.
 
 A delay-topic record carries one delivery: the exact body as value, and in headers the webhook, the
-``webhook-id``, the attempt due, the due time, the last error and the original coordinates.
+``webhook-id``, the attempt due, the due time, the last error and the original coordinates. A
+parking-topic record may carry the same event for several webhooks at once (``bridge-also-webhooks``
+lists the others; their ``webhook-id`` is derived again, :func:`expand`): a neighbour whose many
+webhooks are all parked costs one record per event, not one per webhook.
 A dead letter carries either that same delivery (``kind=delivery``) or a poison source record's raw
 bytes (``kind=poison``), with the reason and when it happened. Header names start with ``bridge-``;
 secrets never appear in them.
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+from bridge.core.signing import message_id
 
 Headers = list[tuple[str, bytes]]
 
@@ -32,6 +37,7 @@ H_REASON = "bridge-reason"
 H_DETAIL = "bridge-detail"
 H_ATTEMPTS = "bridge-attempts"
 H_DEAD_LETTERED = "bridge-dead-lettered-ms"
+H_ALSO = "bridge-also-webhooks"
 
 KIND_DELIVERY = "delivery"
 KIND_POISON = "poison"
@@ -67,6 +73,7 @@ class PendingDelivery:
     last_status: int | None = None
     last_error: str = ""
     deferrals: int = 0
+    also: tuple[str, ...] = ()  # other webhooks parked in the same record (same event, attempt)
 
     def next(
         self, attempt: int, due_ms: int, status: int | None, error: str, deferred: bool = False
@@ -101,6 +108,7 @@ def _common(delivery: PendingDelivery) -> Headers:
         (H_SOURCE_OFFSET, str(source.offset).encode()),
         (H_SOURCE_TIMESTAMP, str(source.timestamp_ms).encode()),
         (H_DEFERRALS, str(delivery.deferrals).encode()),
+        *([(H_ALSO, ",".join(delivery.also).encode())] if delivery.also else []),
     ]
 
 
@@ -182,4 +190,34 @@ def parse_delivery(
         last_status=int(status) if status.isdigit() else None,
         last_error=values.get(H_LAST_ERROR, ""),
         deferrals=int(values.get(H_DEFERRALS) or 0),
+        also=_also(values),
     )
+
+
+def _also(values: dict[str, str]) -> tuple[str, ...]:
+    text = values.get(H_ALSO, "")
+    if not text:
+        return ()
+    ids = tuple(text.split(","))
+    if not all(ids) or len(set(ids)) != len(ids) or values.get(H_WEBHOOK) in ids:
+        raise EnvelopeError(f"header {H_ALSO} is malformed")
+    return ids
+
+
+def expand(delivery: PendingDelivery) -> list[PendingDelivery]:
+    """One delivery per webhook of a record that carries several (``also``): each with its own
+    ``webhook-id``, everything else shared."""
+    if not delivery.also:
+        return [delivery]
+    first = replace(delivery, also=())
+    return [
+        first,
+        *(
+            replace(
+                first,
+                webhook_id=webhook_id,
+                message_id=message_id(delivery.transaction_id, delivery.event, webhook_id),
+            )
+            for webhook_id in delivery.also
+        ),
+    ]

@@ -74,6 +74,11 @@ class Lane:
         self.waiters: deque[tuple[asyncio.Future[bool], float]] = deque()  # and when it came
         self.watch: asyncio.TimerHandle | None = None
 
+    def refusing(self) -> bool:
+        """Whether a new delivery would be parked without a request: the webhook is out of credit,
+        or stalled with no slot free (a free slot of a stalled lane takes a probe)."""
+        return self.out_of_credit() or (self.is_stalled and self.active >= self.limit)
+
     def out_of_credit(self) -> bool:
         """Whether the webhook has spent its unanswered budget: its deliveries are parked."""
         return self._refill() < 1.0

@@ -35,6 +35,7 @@ from bridge.core.envelope import (
     SourceRef,
     dead_letter_headers,
     delay_headers,
+    expand,
     parse_delivery,
     poison_headers,
 )
@@ -331,19 +332,25 @@ class Pipeline:
         if not webhooks:
             self._finished(tp, source.offset)
             return True
-        work = RecordWork(tp, source.offset, len(webhooks))
-        for webhook in webhooks:
-            delivery = PendingDelivery(
-                webhook_id=webhook.id,
-                message_id=message_id(notification.transaction_id, notification.event, webhook.id),
-                event=notification.event,
-                transaction_id=notification.transaction_id,
-                body=notification.body,
-                attempt=0,
-                source=source,
-                key=msg.key(),
+        wanted = [
+            (
+                PendingDelivery(
+                    webhook_id=webhook.id,
+                    message_id=message_id(
+                        notification.transaction_id, notification.event, webhook.id
+                    ),
+                    event=notification.event,
+                    transaction_id=notification.transaction_id,
+                    body=notification.body,
+                    attempt=0,
+                    source=source,
+                    key=msg.key(),
+                ),
+                webhook,
             )
-            self._spawn_delivery(tp, delivery, webhook, work)
+            for webhook in webhooks
+        ]
+        self._dispatch(tp, source.offset, wanted, [])
         return True
 
     # ---- retry records -----------------------------------------------------------------------
@@ -368,19 +375,43 @@ class Pipeline:
         self.metrics.consumed_retry.inc()
         self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
         tracker.started(msg.offset())
-        work = RecordWork(tp, msg.offset(), 1)
-        webhook = self.subscriptions.get(delivery.webhook_id)
-        if webhook is not None and webhook.enabled and delivery.event in webhook.events:
-            self._spawn_delivery(tp, delivery, webhook, work)
-            return True
-        if webhook is None:
-            reason = "webhook_removed"
-        elif not webhook.enabled:
-            reason = "webhook_disabled"
-        else:
-            reason = "event_unsubscribed"
-        self._spawn(tp, self._settled(work, self._dead_letter(delivery, reason)))
+        wanted: list[tuple[PendingDelivery, Webhook]] = []
+        gone: list[tuple[PendingDelivery, str]] = []
+        for one in expand(delivery):
+            webhook = self.subscriptions.get(one.webhook_id)
+            if webhook is not None and webhook.enabled and one.event in webhook.events:
+                wanted.append((one, webhook))
+            elif webhook is None:
+                gone.append((one, "webhook_removed"))
+            elif not webhook.enabled:
+                gone.append((one, "webhook_disabled"))
+            else:
+                gone.append((one, "event_unsubscribed"))
+        self._dispatch(tp, msg.offset(), wanted, gone)
         return True
+
+    def _dispatch(
+        self,
+        tp: TP,
+        offset: int,
+        wanted: list[tuple[PendingDelivery, Webhook]],
+        gone: list[tuple[PendingDelivery, str]],
+    ) -> None:
+        """Start the deliveries of one record (all of one event, at one attempt). Those whose
+        webhook refuses work now (stalled, or its unanswered credit spent) are parked together,
+        in one record; those whose webhook is gone are dead-lettered."""
+        go: list[tuple[PendingDelivery, Webhook]] = []
+        park: list[tuple[PendingDelivery, Webhook]] = []
+        for delivery, webhook in wanted:
+            lane = self.lanes.get(webhook.id)
+            (park if lane is not None and lane.refusing() else go).append((delivery, webhook))
+        work = RecordWork(tp, offset, len(go) + len(gone) + (1 if park else 0))
+        for delivery, webhook in go:
+            self._spawn_delivery(tp, delivery, webhook, work)
+        for delivery, reason in gone:
+            self._spawn(tp, self._settled(work, self._dead_letter(delivery, reason)))
+        if park:  # counted in flight like a delivery: it holds a body until the broker has it
+            self._spawn_counted(tp, self._settled(work, self._park([d for d, _w in park])))
 
     # ---- deliveries --------------------------------------------------------------------------
 
@@ -396,9 +427,12 @@ class Pipeline:
     ) -> None:
         """Start one delivery, counted in flight from now until its task is done (also when it
         is cancelled before it ever ran)."""
+        self._spawn_counted(tp, self._deliver(delivery, webhook, work))
+
+    def _spawn_counted(self, tp: TP, work: Coroutine[Any, Any, None]) -> None:
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        self._spawn(tp, self._deliver(delivery, webhook, work)).add_done_callback(self._ended)
+        self._spawn(tp, work).add_done_callback(self._ended)
 
     def _ended(self, _task: asyncio.Task[None]) -> None:
         self.in_flight -= 1
@@ -514,13 +548,24 @@ class Pipeline:
         metrics.retries.labels(webhook.id, str(step.attempt)).inc()
 
     async def _defer(self, delivery: PendingDelivery, webhook: Webhook) -> None:
-        step = self.policy.defer(delivery.attempt, delivery.deferrals, now_ms_rounded_up())
+        await self._park([delivery])
+
+    async def _park(self, deliveries: list[PendingDelivery]) -> None:
+        """Park deliveries of one record (one event, one attempt, as often parked) in one record
+        of the parking topic, without using an attempt; each parked too often is dead-lettered."""
+        first = deliveries[0]
+        step = self.policy.defer(first.attempt, first.deferrals, now_ms_rounded_up())
         if isinstance(step, GiveUp):
-            await self._dead_letter(delivery, "webhook_stalled", step.attempts_made)
+            for delivery in deliveries:
+                await self._dead_letter(delivery, "webhook_stalled", step.attempts_made)
             return
-        parked = delivery.next(delivery.attempt, step.due_ms, None, "", deferred=True)
+        parked = replace(
+            first.next(first.attempt, step.due_ms, None, "", deferred=True),
+            also=tuple(d.webhook_id for d in deliveries[1:]),
+        )
         await self._produce(step.topic, parked.body, parked.key, delay_headers(parked), "retry")
-        self.metrics.deferrals.labels(webhook.id).inc()
+        for delivery in deliveries:
+            self.metrics.deferrals.labels(delivery.webhook_id).inc()
 
     async def _hand_off(self, delivery: PendingDelivery) -> None:
         """At shutdown: park a delivery still in flight in rung 1, due at once, same attempt."""

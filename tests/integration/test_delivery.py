@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from bridge.core.envelope import header_map
+from bridge.core.signing import message_id
 from bridge.engine.budget import UNANSWERED_BURST, UNANSWERED_PER_S
 from devtools.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
@@ -267,31 +268,47 @@ def test_in_flight_limit_holds_with_fan_out(receiver: Receiver, bridge_setup: Se
 def test_a_webhook_that_answers_nothing_is_parked_once_its_credit_is_spent(
     receiver: Receiver, bridge_setup: Setup
 ) -> None:
-    """Every attempt to /silent ends in a reset (no answer). Beyond UNANSWERED_BURST such attempts
-    (refilled UNANSWERED_PER_S a second) its deliveries are parked, not attempted; the healthy
-    webhook on the same records gets everything; every silent pair ends in the dead letters."""
+    """Every attempt to the three silent webhooks ends in a reset (no answer). Beyond
+    UNANSWERED_BURST such attempts (refilled UNANSWERED_PER_S a second) each one's deliveries are
+    parked, not attempted, those of one record together; the healthy webhook on the same records
+    gets everything; every silent pair ends in the dead letters with its own webhook-id."""
     records = int(UNANSWERED_BURST) * 3
-    receiver.behaviours["/silent"] = lambda _seen: Answer(reset=True)
+    silent = ["silent-a", "silent-b", "silent-c"]
+    for w in silent:
+        receiver.behaviours[f"/silent/{w}"] = lambda _seen: Answer(reset=True)
     setup = bridge_setup(
         [
-            webhook("silent", "acct_n", receiver.url("/silent"), concurrency=4),
+            *(webhook(w, "acct_n", receiver.url(f"/silent/{w}"), concurrency=4) for w in silent),
             webhook("fine", "acct_n", receiver.url("/fine")),
         ],
         retry={"attempts": 2, "first_delay_ms": 100, "park_delay_ms": 300, "max_parks": 1},
     )
     started = time.monotonic()
     setup.start_bridge()
-    setup.produce_records([make_record(f"tx-n{i}", "acct_n") for i in range(records)])
+    produced = [make_record(f"tx-n{i}", "acct_n") for i in range(records)]
+    setup.produce_records(produced)
 
-    letters = [header_map(m.headers()) for m in setup.dead_letters(records, timeout=60)]
+    pairs = len(silent) * records
+    letters = [header_map(m.headers()) for m in setup.dead_letters(pairs, timeout=90)]
     elapsed = time.monotonic() - started
-    assert {h["bridge-webhook"] for h in letters} == {"silent"}
-    assert len({h["bridge-message-id"] for h in letters}) == records, "one letter per pair"
+    # One letter per silent pair, each with that pair's own webhook-id (a record parked for
+    # several webhooks at once is expanded again into one delivery each).
+    expected = {
+        message_id(str(r["transactionId"]), "transaction.success", w): w
+        for r in produced
+        for w in silent
+    }
+    assert {h["bridge-message-id"]: h["bridge-webhook"] for h in letters} == expected
+    assert len(letters) == pairs
     reasons = {h["bridge-reason"] for h in letters}
     assert "webhook_stalled" in reasons and reasons <= {"webhook_stalled", "retries_exhausted"}
     wait_for(lambda: len(receiver.received_ids("/fine")) == records, 30, message="every fine one")
-    # Without the budget: three attempts per pair. With it: the burst, the refill, and what was
-    # already under way when the credit ran out.
-    attempts = len(receiver.on("/silent"))
-    assert attempts <= UNANSWERED_BURST + UNANSWERED_PER_S * elapsed + 4, (attempts, elapsed)
-    assert attempts < 3 * records
+    # Without the budget: three attempts per pair. With it, per webhook: the burst, the refill,
+    # and what was already under way when the credit ran out.
+    for w in silent:
+        attempts = len(receiver.on(f"/silent/{w}"))
+        assert attempts <= UNANSWERED_BURST + UNANSWERED_PER_S * elapsed + 4, (w, attempts)
+    # Parked together: fewer parking records than parked pairs.
+    parked = consume(setup.bootstrap, f"{setup.source}.parked", 1, timeout=10)
+    grouped = [m for m in parked if "bridge-also-webhooks" in header_map(m.headers())]
+    assert grouped, "the silent webhooks of one record are parked in one record"

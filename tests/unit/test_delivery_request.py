@@ -299,3 +299,18 @@ def test_shed_parks_only_the_waiters_that_waited_their_patience(
         return early, shed, parked, entered
 
     assert asyncio.run(scenario()) == (0, 3, [True, True, True], 1)
+
+
+def test_a_stalled_lane_refuses_new_work_only_while_every_slot_is_taken() -> None:
+    async def scenario() -> list[bool]:
+        lane = Lane(1, patience=0.02)
+        assert await lane.enter()  # hangs
+        assert not await lane.enter()  # waits past the patience: stalled, turned away
+        seen = [lane.refusing()]  # stalled, its only slot taken: park without a request
+        lane.release(answered=False)  # the timeout frees the slot
+        seen.append(lane.refusing())  # still stalled, but the free slot takes a probe
+        lane.credit = 0.0
+        seen.append(lane.refusing())  # out of credit: parked whatever the slots
+        return seen
+
+    assert asyncio.run(scenario()) == [True, False, True]

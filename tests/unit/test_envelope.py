@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bridge.core.envelope import (
@@ -10,10 +12,12 @@ from bridge.core.envelope import (
     SourceRef,
     dead_letter_headers,
     delay_headers,
+    expand,
     header_map,
     parse_delivery,
     poison_headers,
 )
+from bridge.core.signing import message_id
 
 DELIVERY = PendingDelivery(
     webhook_id="shop",
@@ -80,3 +84,31 @@ def test_malformed_number_is_a_clear_error() -> None:
     headers = [(k, b"two" if k == "bridge-attempt" else v) for k, v in delay_headers(DELIVERY)]
     with pytest.raises(EnvelopeError, match="not an integer"):
         parse_delivery(headers, DELIVERY.body, None)
+
+
+def test_a_record_for_several_webhooks_round_trips_and_expands_to_one_delivery_each() -> None:
+    first = replace(DELIVERY, message_id=message_id("tx-1", "transaction.failed", "shop"))
+    group = replace(first, also=("crm", "ledger.v2"))
+    parsed = parse_delivery(delay_headers(group), group.body, group.key)
+    assert parsed == group
+    one_each = expand(parsed)
+    assert [d.webhook_id for d in one_each] == ["shop", "crm", "ledger.v2"]
+    assert [d.message_id for d in one_each] == [
+        message_id("tx-1", "transaction.failed", w) for w in ("shop", "crm", "ledger.v2")
+    ]
+    assert all(d.also == () for d in one_each)
+    assert {(d.attempt, d.deferrals, d.due_ms, d.body, d.source) for d in one_each} == {
+        (2, 1, DELIVERY.due_ms, DELIVERY.body, DELIVERY.source)
+    }
+    assert "bridge-also-webhooks" not in header_map(delay_headers(one_each[1]))
+    assert expand(DELIVERY) == [DELIVERY]
+
+
+@pytest.mark.parametrize("also", ["", ",crm", "crm,,x", "crm,crm", "shop,crm"])
+def test_a_malformed_list_of_other_webhooks_is_a_clear_error(also: str) -> None:
+    headers = [*delay_headers(DELIVERY), ("bridge-also-webhooks", also.encode())]
+    if also == "":
+        assert parse_delivery(headers, DELIVERY.body, DELIVERY.key).also == ()
+        return
+    with pytest.raises(EnvelopeError, match="bridge-also-webhooks"):
+        parse_delivery(headers, DELIVERY.body, DELIVERY.key)
