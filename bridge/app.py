@@ -66,7 +66,11 @@ class App:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
-        self.metrics = Metrics(self.registry, enabled=config.metrics.enabled)
+        self.metrics = Metrics(
+            self.registry,
+            enabled=config.metrics.enabled,
+            webhook_series=config.metrics.webhook_series,
+        )
         self.broker_up = False
         settings = config.kafka_settings()
         self.consumer = ThreadedConsumer(

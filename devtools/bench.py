@@ -885,6 +885,12 @@ TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "healthy throughput beside a hostile neighbour >= alone / 1.5": lambda r: (
         r["neighbour_hostile"]["deliveries_per_s"] >= r["neighbour_alone"]["deliveries_per_s"] / 1.5
     ),
+    "metrics at 10,000 webhooks: < 5,000 series, every scrape < 50 ms": lambda r: (
+        r["metrics_scrape"]["series_max"] < 5000 and r["metrics_scrape"]["response_ms_max"] < 50
+    ),
+    "longest delivery gap across a scrape < 100 ms": lambda r: (
+        r["metrics_scrape"]["max_gap_at_scrape_ms"] < 100
+    ),
     "peak RSS < 200 MB": lambda r: r["memory"]["peak_rss_mb"] < 200,
     "pure path >= 50,000 records/s": lambda r: r["pure"]["records_per_s"] >= 50_000,
 }
@@ -945,6 +951,11 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         if wanted("latency"):
             _say("latency at 1,000 records/s")
             results["latency"] = scenario_latency(stage, 1000, sizes.latency_seconds)
+        if wanted("metrics"):
+            from devtools.bench_metrics import scenario_metrics_scrape  # (it imports this module)
+
+            _say("metrics: a scrape every second beside 200 records/s, 10,000 webhooks configured")
+            results["metrics_scrape"] = scenario_metrics_scrape(stage, sizes.latency_seconds)
         if wanted("retry"):
             _say("retry timing")
             results["retry_timing"] = scenario_retry_timing(stage, sizes.retry_records, 5)
@@ -1009,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(
-        "--only", help="comma-separated: pure,throughput,latency,retry,isolation,memory"
+        "--only", help="comma-separated: pure,throughput,latency,metrics,retry,isolation,memory"
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "latest.json")
     args = parser.parse_args(argv)

@@ -134,6 +134,7 @@ class MetricsConfig:
     host: str = "0.0.0.0"
     port: int = 9464
     enabled: bool = True
+    webhook_series: int = 10  # webhooks with series of their own (the rest count as "(other)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,24 @@
 """Prometheus metrics of the bridge, on a registry passed in (tests use a fresh one).
 
-Label sets are bounded by configuration and code: webhook id, outcome, status class, rung, reason,
-topic and partition of the bridge's own topics. Never a URL, a transaction or an account.
+The series count does not grow with the number of configured webhooks. Series labelled by webhook
+exist only for a bounded set of webhooks (:class:`TrackedWebhooks`: at most ``webhook_series``,
+failing or stalled ones first, then the most recently active); the traffic of every other webhook
+is counted under ``webhook="(other)"``, so sums over webhooks count every event. Other labels are
+bounded by the code: outcome, status class, rung, reason, kind, and topic and partition of the
+bridge's own topics. Never a URL, a transaction or an account.
+
+At 10,000 configured webhooks a scrape is about a hundred series plus two per assigned partition,
+and at most about 30 more per tracked webhook: rendering it on the event loop costs milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import platform
-from collections.abc import Iterable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -16,23 +26,25 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from bridge import __version__
 
-REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-END_TO_END_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-)
+# Webhook deliveries take milliseconds to seconds and time out at 10 s by default.
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+# First attempts arrive within tens of milliseconds; the retry ladder adds seconds, parking in the
+# delay topics (30 s a time by default) minutes.
+END_TO_END_BUCKETS = (0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0)
+LATENESS_BUCKETS = (0.005, 0.025, 0.1, 0.5, 2.5)
+
+DEFAULT_WEBHOOK_SERIES = 10
+# A member of the tracked set without traffic for this long gives its place to a newcomer.
+IDLE_AFTER_S = 600.0
+# A member with a failure this recent keeps its place when a failing newcomer comes (no churn
+# among webhooks that fail on and off).
+RECENT_FAILURE_S = 600.0
+# The ``webhook`` label of the webhooks outside the tracked set (not a valid webhook id).
+OTHER = "(other)"
+# The ``webhook`` label of dead letters that belong to no webhook (poison records).
+NO_WEBHOOK = ""
+
+_Series = tuple[MetricWrapperBase, tuple[str, ...]]
 
 
 def status_class(status: int | None, error_reason: str = "") -> str:
@@ -40,6 +52,176 @@ def status_class(status: int | None, error_reason: str = "") -> str:
     if status is not None:
         return f"{status // 100}xx"
     return error_reason or "error"
+
+
+@dataclass(slots=True)
+class _Member:
+    """A tracked webhook: when it last had traffic and last failed, and every series labelled
+    with it."""
+
+    last_seen: float
+    last_failure: float = float("-inf")
+    series: set[_Series] = field(default_factory=set)
+    received: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)  # by HTTP status
+
+
+class TrackedWebhooks:
+    """Which webhooks get series of their own (at most ``limit``), and which ones fail now.
+
+    A webhook joins on its first traffic while there is room. Once the set is full, a newcomer
+    takes the place of the member idle longest if that one has had no traffic for
+    ``IDLE_AFTER_S``; a failing or stalled newcomer also takes the place of the least recently
+    active member without a failure in ``RECENT_FAILURE_S``. Otherwise the newcomer's traffic
+    counts under ``OTHER``.
+    A member leaves when it gives its place or is removed from the configuration, and its series
+    go with it. Whether a webhook fails now (its latest attempt was not received, or a delivery
+    was parked because it is stalled) is kept for every configured webhook.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        failing_since: Gauge,
+        failing_count: Gauge,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.limit = limit
+        self.clock = clock
+        self.members: OrderedDict[str, _Member] = OrderedDict()  # least recently active first
+        self.failing: dict[str, float] = {}  # webhook -> when its current run of failures began
+        self.configured: frozenset[str] | None = None  # None: every webhook id is accepted
+        self._failing_since = failing_since
+        self._failing_count = failing_count
+
+    def label(self, webhook: str, failing: bool | None = None) -> str:
+        """The ``webhook`` label for traffic of ``webhook``: its id when tracked, else ``OTHER``.
+
+        ``failing`` says what the traffic tells: True for an attempt not received or a deferral,
+        False for an attempt received, None for nothing new (a duration, a dead letter).
+        """
+        return webhook if self.enter(webhook, failing) is not None else OTHER
+
+    def enter(self, webhook: str, failing: bool | None) -> _Member | None:
+        """Record traffic of ``webhook``; its member record, or None when it is not tracked."""
+        now = self.clock()
+        configured = self.configured is None or webhook in self.configured
+        if failing is not None and configured:
+            self._mark(webhook, failing, now)
+        member = self.members.get(webhook)
+        if member is None:
+            if not configured:
+                return None
+            member = self._admit(webhook, bool(failing), now)
+        else:
+            member.last_seen = now
+            self.members.move_to_end(webhook)
+        if failing and member is not None:
+            member.last_failure = now
+        return member
+
+    def own(self, webhook: str, metric: MetricWrapperBase, values: tuple[str, ...]) -> None:
+        """Note that ``metric`` has a series ``values`` of the tracked ``webhook``."""
+        member = self.members.get(webhook)
+        if member is not None:
+            member.series.add((metric, values))
+
+    def configure(self, webhooks: Iterable[str]) -> None:
+        """The webhooks now configured: every other one leaves the set and the failing list."""
+        self.configured = frozenset(webhooks)
+        for webhook in [w for w in self.members if w not in self.configured]:
+            self._evict(webhook)
+        for webhook in [w for w in self.failing if w not in self.configured]:
+            del self.failing[webhook]
+        self._failing_count.set(len(self.failing))
+
+    def _mark(self, webhook: str, failing: bool, now: float) -> None:
+        if failing:
+            if webhook in self.failing:
+                return
+            self.failing[webhook] = now
+            if webhook in self.members:
+                self._show_failing(webhook)
+        elif self.failing.pop(webhook, None) is not None:
+            member = self.members.get(webhook)
+            if member is not None:
+                values = (webhook,)
+                member.series.discard((self._failing_since, values))
+                with contextlib.suppress(KeyError):
+                    self._failing_since.remove(*values)
+        else:
+            return
+        self._failing_count.set(len(self.failing))
+
+    def _show_failing(self, webhook: str) -> None:
+        self._failing_since.labels(webhook).set(self.failing[webhook])
+        self.members[webhook].series.add((self._failing_since, (webhook,)))
+
+    def _admit(self, webhook: str, failing: bool, now: float) -> _Member | None:
+        if len(self.members) >= self.limit:
+            victim = self._victim(failing, now)
+            if victim is None:
+                return None
+            self._evict(victim)
+        member = self.members[webhook] = _Member(now)
+        if webhook in self.failing:
+            self._show_failing(webhook)
+        return member
+
+    def _victim(self, failing: bool, now: float) -> str | None:
+        """The member that gives its place to a newcomer, if any."""
+        if not self.members:
+            return None
+        oldest, member = next(iter(self.members.items()))
+        if now - member.last_seen >= IDLE_AFTER_S:
+            return oldest
+        if failing:
+            return next(
+                (w for w, m in self.members.items() if now - m.last_failure >= RECENT_FAILURE_S),
+                None,
+            )
+        return None
+
+    def _evict(self, webhook: str) -> None:
+        member = self.members.pop(webhook)
+        for metric, values in member.series:
+            with contextlib.suppress(KeyError):
+                metric.remove(*values)
+
+
+class _ByWebhook:
+    """A metric whose first label is a webhook id, recorded under the id's bounded label."""
+
+    def __init__(
+        self,
+        metric: MetricWrapperBase,
+        webhooks: TrackedWebhooks,
+        failing: Callable[[tuple[str, ...]], bool | None] = lambda _rest: None,
+    ) -> None:
+        self.metric = metric
+        self.webhooks = webhooks
+        self.failing = failing
+
+    def labels(self, webhook: str, *rest: str) -> Any:
+        """The child for ``webhook`` (its own series when tracked, else ``OTHER``'s)."""
+        if webhook == NO_WEBHOOK:
+            return self.metric.labels(webhook, *rest)
+        label = self.webhooks.label(webhook, self.failing(rest))
+        values = (label, *rest)
+        if label != OTHER:
+            self.webhooks.own(label, self.metric, values)
+        return self.metric.labels(*values)
+
+
+class _ByRung:
+    """The retries counter: called with the webhook id like the others, labelled by rung only (a
+    failing webhook's attempts are in ``bridge_deliveries_total`` already)."""
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self.metric = metric
+
+    def labels(self, _webhook: str, rung: str) -> Any:
+        """The child for ``rung``."""
+        return self.metric.labels(rung)
 
 
 class _Unrecorded:
@@ -67,13 +249,20 @@ class _Unrecorded:
 class Metrics:
     """Every metric the bridge exports, registered on ``registry``.
 
+    ``webhook_series`` bounds how many webhooks have series of their own (:class:`TrackedWebhooks`).
     With ``enabled=False`` nothing is recorded (only ``bridge_build_info`` is exported): the
     benchmark uses it to measure what metrics cost the hot path.
     """
 
-    def __init__(self, registry: CollectorRegistry, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        enabled: bool = True,
+        webhook_series: int = DEFAULT_WEBHOOK_SERIES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.registry = registry
-        self._received: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        self.enabled = enabled
         self.records_consumed = Counter(
             "bridge_records_consumed",
             "Records consumed, by kind of topic (source or retry).",
@@ -86,49 +275,76 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.deliveries = Counter(
+        self.webhook_failing_since = Gauge(
+            "bridge_webhook_failing_since_timestamp_seconds",
+            "When the current run of failed attempts (or deferrals) of a tracked webhook began; "
+            "present while its latest attempt was not received.",
+            ["webhook"],
+            registry=registry,
+        )
+        self.webhooks_failing = Gauge(
+            "bridge_webhooks_failing",
+            "Configured webhooks whose latest attempt was not received or that are stalled, "
+            "tracked or not.",
+            registry=registry,
+        )
+        self.webhooks = TrackedWebhooks(
+            webhook_series, self.webhook_failing_since, self.webhooks_failing, clock
+        )
+        by_webhook = "by webhook (the tracked ones; the others as (other))"
+        self._deliveries = Counter(
             "bridge_deliveries",
-            "HTTP delivery attempts by webhook, outcome and status class.",
+            f"HTTP delivery attempts {by_webhook}, outcome and status class.",
             ["webhook", "outcome", "status_class"],
             registry=registry,
         )
-        self.request_duration = Histogram(
+        self._request_duration = Histogram(
             "bridge_request_duration_seconds",
-            "Duration of delivery HTTP requests.",
+            f"Duration of delivery HTTP requests, {by_webhook}.",
             ["webhook"],
             buckets=REQUEST_BUCKETS,
             registry=registry,
         )
-        self.end_to_end = Histogram(
+        self._end_to_end = Histogram(
             "bridge_end_to_end_latency_seconds",
-            "From the source record's timestamp to the 2xx answer of the webhook.",
+            f"From the source record's timestamp to the 2xx answer of the webhook, {by_webhook}.",
             ["webhook"],
             buckets=END_TO_END_BUCKETS,
             registry=registry,
         )
-        self.retries = Counter(
+        self._retries = Counter(
             "bridge_retries_scheduled",
-            "Deliveries handed to a delay topic, by webhook and rung.",
-            ["webhook", "rung"],
+            "Deliveries handed to a delay topic, by rung.",
+            ["rung"],
             registry=registry,
         )
-        self.deferrals = Counter(
+        self._deferrals = Counter(
             "bridge_deferrals",
-            "Deliveries parked in a delay topic without using an attempt (webhook saturated).",
+            f"Deliveries parked in a delay topic without using an attempt (webhook saturated), "
+            f"{by_webhook}.",
             ["webhook"],
             registry=registry,
         )
+        self._dead_letters = Counter(
+            "bridge_dead_letters",
+            f"Records written to the dead-letter topic, {by_webhook}, empty for poison records, "
+            "and reason.",
+            ["webhook", "reason"],
+            registry=registry,
+        )
+        self.deliveries = _ByWebhook(
+            self._deliveries, self.webhooks, lambda rest: rest[0] != "received"
+        )
+        self.request_duration = _ByWebhook(self._request_duration, self.webhooks)
+        self.end_to_end = _ByWebhook(self._end_to_end, self.webhooks)
+        self.retries = _ByRung(self._retries)
+        self.deferrals = _ByWebhook(self._deferrals, self.webhooks, lambda _rest: True)
+        self.dead_letters = _ByWebhook(self._dead_letters, self.webhooks)
+        self._other_received: dict[int, tuple[Any, Any, Any]] = {}
         self.retry_lateness = Histogram(
             "bridge_retry_lateness_seconds",
             "How late a retry was taken from its delay topic, after its due time.",
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-            registry=registry,
-        )
-        self.dead_letters = Counter(
-            "bridge_dead_letters",
-            "Records written to the dead-letter topic, by webhook (empty for poison records) "
-            "and reason.",
-            ["webhook", "reason"],
+            buckets=LATENESS_BUCKETS,
             registry=registry,
         )
         self.produce_failures = Counter(
@@ -202,9 +418,12 @@ class Metrics:
         self.build_info.labels(__version__, platform.python_version()).set(1)
         if not enabled:
             for name, metric in list(vars(self).items()):
-                if isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
-                    registry.unregister(metric)
+                if isinstance(metric, _ByWebhook | _ByRung):
                     setattr(self, name, _Unrecorded())
+                elif isinstance(metric, MetricWrapperBase) and metric is not self.build_info:
+                    registry.unregister(metric)
+                    if not name.startswith("_"):
+                        setattr(self, name, _Unrecorded())
         self.consumed_source = self.records_consumed.labels("source")  # the hot path's children
         self.consumed_retry = self.records_consumed.labels("retry")
 
@@ -212,28 +431,40 @@ class Metrics:
         self, webhook: str, status: int, duration: float, end_to_end: float
     ) -> None:
         """Count one 2xx answer and observe its durations (the hot path: children are cached)."""
-        key = (webhook, status)
-        children = self._received.get(key)
+        if not self.enabled:
+            return
+        member = self.webhooks.enter(webhook, False)
+        cache = self._other_received if member is None else member.received
+        children = cache.get(status)
         if children is None:
-            children = self._received[key] = (
-                self.deliveries.labels(webhook, "received", status_class(status)),
-                self.request_duration.labels(webhook),
-                self.end_to_end.labels(webhook),
+            label = OTHER if member is None else webhook
+            children = cache[status] = (
+                self._own(self._deliveries, label, "received", status_class(status)),
+                self._own(self._request_duration, label),
+                self._own(self._end_to_end, label),
             )
         children[0].inc()
         children[1].observe(duration)
         children[2].observe(end_to_end)
 
+    def _own(self, metric: MetricWrapperBase, *values: str) -> Any:
+        if values[0] != OTHER:
+            self.webhooks.own(values[0], metric, values)
+        return metric.labels(*values)
+
     def register_webhooks(self, webhook_ids: Iterable[str], rungs: int) -> None:
-        """Create each webhook's main series at zero, so rates see their first events."""
-        for webhook in webhook_ids:
-            self.deliveries.labels(webhook, "received", "2xx")
-            self.deliveries.labels(webhook, "failed", "5xx")
-            self.request_duration.labels(webhook)
-            self.end_to_end.labels(webhook)
-            self.dead_letters.labels(webhook, "retries_exhausted")
-            for rung in range(1, rungs + 1):
-                self.retries.labels(webhook, str(rung))
+        """Take the configured webhooks (removed ones lose their series) and create the main
+        series of ``OTHER`` and of each rung at zero, so rates see their first events."""
+        if not self.enabled:
+            return
+        self.webhooks.configure(webhook_ids)
+        self._deliveries.labels(OTHER, "received", "2xx")
+        self._deliveries.labels(OTHER, "failed", "5xx")
+        self._request_duration.labels(OTHER)
+        self._end_to_end.labels(OTHER)
+        self._dead_letters.labels(OTHER, "retries_exhausted")
+        for rung in range(1, rungs + 1):
+            self._retries.labels(str(rung))
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop the per-partition series of a partition no longer assigned here."""

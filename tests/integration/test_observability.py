@@ -3,12 +3,14 @@
 A bridge delivers to one healthy webhook and one that always answers 503 (so deliveries fail, go
 through the retry ladder and end as dead letters); a Prometheus process scrapes it every second and
 evaluates ``deploy/prometheus/alerts.yaml``. Every panel, variable and alert query must evaluate
-without error, and the key panels must show the traffic.
+without error, and the key panels must show the traffic: which webhook fails and since when, by
+webhook for the tracked webhooks (both here) beside the ``(other)`` series of the rest.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import signal
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bridge.ops.metrics import OTHER
 from devtools.devkafka import free_port
 from devtools.samples import make_record
 from tests.bridge_harness import BridgeProcess, BridgeSetup, webhook
@@ -50,6 +53,8 @@ KEY_PANELS = {
     "Dead-letter rate by reason",
     "Request duration (p50, p95, p99)",
     "Consumer lag by partition",
+    "Failing webhooks (failing for)",
+    "Webhooks failing",
 }
 
 
@@ -273,13 +278,20 @@ def test_dashboard_and_alert_queries_on_a_real_prometheus(
     }
     for ref in "ABC":
         durations = results[("Request duration (p50, p95, p99)", ref)]
-        assert labels_of(durations, "webhook") == {"healthy", "down"}
+        assert labels_of(durations, "webhook") == {"healthy", "down", OTHER}
+    # Which webhooks fail and since when: the failing one only, failing since its first attempt.
+    failing = results[("Failing webhooks (failing for)", "A")]
+    assert labels_of(failing, "webhook") == {"down"}
+    assert 0 < float(failing[0]["value"][1]) < 600
+    assert [s["value"][1] for s in results[("Webhooks failing", "A")]] == ["1"]
+    assert [s["value"][1] for s in results[("Webhooks failing", "B")]] == ["1"]
     assert setup.source in labels_of(results[("Consumer lag by partition", "A")], "topic")
     ratios = {
         series["metric"]["webhook"]: float(series["value"][1])
         for series in server.query(
             grafana_to_promql(panels["Success ratio per webhook"]["targets"][0]["expr"], WHOLE_TEST)
         )
+        if not math.isnan(float(series["value"][1]))  # (other) had no traffic: 0 / 0
     }
     assert ratios == {"healthy": 1.0, "down": 0.0}, "a webhook that never receives shows 0%"
 
@@ -289,7 +301,7 @@ def test_dashboard_and_alert_queries_on_a_real_prometheus(
             values = labels_of(server.query(query), label)
             assert values, f"variable {variable['name']} has no values"
             if label == "webhook":
-                assert values == {"healthy", "down"}
+                assert values == {"healthy", "down", OTHER}
 
     for rule in load_alert_rules():
         server.query(rule["expr"])  # fails on any evaluation error

@@ -1,10 +1,83 @@
-"""Metric helpers: status classes and librdkafka statistics."""
+"""Metrics: status classes, librdkafka statistics, and series bounded whatever the number of
+configured webhooks (the tracked set: at most N webhooks with series of their own, failing ones
+first, removed ones dropped; every other webhook's traffic under ``(other)``)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+import random
 
-from bridge.ops.metrics import Metrics, status_class
+from prometheus_client import CollectorRegistry, generate_latest
+
+from bridge.ops.metrics import (
+    IDLE_AFTER_S,
+    NO_WEBHOOK,
+    OTHER,
+    RECENT_FAILURE_S,
+    Metrics,
+    status_class,
+)
+
+RUNGS = 5
+
+
+class FakeClock:
+    """Wall time that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def received(metrics: Metrics, webhook: str) -> None:
+    """What the engine records for an attempt answered 2xx."""
+    metrics.delivery_received(webhook, 200, 0.02, 0.05)
+
+
+def failed(metrics: Metrics, webhook: str, rung: int = 1) -> None:
+    """What the engine records for an attempt answered 503 and sent up the ladder."""
+    metrics.deliveries.labels(webhook, "failed", status_class(503)).inc()
+    metrics.request_duration.labels(webhook).observe(0.3)
+    metrics.retries.labels(webhook, str(rung)).inc()
+
+
+def dead_lettered(metrics: Metrics, webhook: str) -> None:
+    """The last attempt failed: the delivery goes to the dead-letter topic."""
+    metrics.deliveries.labels(webhook, "failed", "timeout").inc()
+    metrics.dead_letters.labels(webhook, "retries_exhausted").inc()
+
+
+def deferred(metrics: Metrics, webhook: str) -> None:
+    """The webhook is stalled: a delivery is parked without an attempt."""
+    metrics.deferrals.labels(webhook).inc()
+
+
+def series(registry: CollectorRegistry) -> list[tuple[str, dict[str, str]]]:
+    """Every sample the registry exports: (name, labels)."""
+    return [
+        (sample.name, sample.labels) for family in registry.collect() for sample in family.samples
+    ]
+
+
+def webhook_labels(registry: CollectorRegistry) -> set[str]:
+    """The values of the ``webhook`` label across every exported series."""
+    return {labels["webhook"] for _name, labels in series(registry) if "webhook" in labels}
+
+
+def tracked(registry: CollectorRegistry) -> set[str]:
+    """The webhooks that have series of their own."""
+    return webhook_labels(registry) - {OTHER, NO_WEBHOOK}
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when none)."""
+    return sum(
+        sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def test_status_class() -> None:
@@ -57,3 +130,195 @@ def test_disabled_metrics_record_nothing_but_build_info() -> None:
     metrics.request_duration.labels("hook").observe(0.1)
     names = {sample.name for family in registry.collect() for sample in family.samples}
     assert names == {"bridge_build_info"}
+
+
+# ---- bounded series ----------------------------------------------------------------------------
+
+
+def traffic(metrics: Metrics) -> None:
+    """The same traffic whatever the configuration: a busy healthy webhook, a failing one (up the
+    ladder to a dead letter), a stalled one, and a poison record."""
+    for _ in range(50):
+        received(metrics, "busy")
+    for rung in range(1, RUNGS + 1):
+        failed(metrics, "down", rung)
+    dead_lettered(metrics, "down")
+    deferred(metrics, "stalled")
+    metrics.dead_letters.labels(NO_WEBHOOK, "truncated").inc()
+
+
+def test_the_series_count_does_not_grow_with_the_configured_webhooks() -> None:
+    exported = {}
+    for configured in (10, 10_000):
+        registry = CollectorRegistry()
+        metrics = Metrics(registry)
+        ids = ["busy", "down", "stalled", *(f"idle-{n}" for n in range(configured - 3))]
+        metrics.register_webhooks(ids, RUNGS)
+        traffic(metrics)
+        exported[configured] = series(registry)
+        assert len(generate_latest(registry)) < 50_000
+    assert len(exported[10]) == len(exported[10_000])
+    assert len(exported[10_000]) < 500
+    assert {w for _, labels in exported[10_000] for w in [labels.get("webhook")] if w} == {
+        "busy",
+        "down",
+        "stalled",
+        OTHER,
+    }
+
+
+def test_configured_webhooks_without_traffic_have_no_series() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.register_webhooks([f"hook-{n}" for n in range(1000)], RUNGS)
+    assert tracked(registry) == set()
+    assert webhook_labels(registry) == {OTHER}
+
+
+def test_the_tracked_set_never_exceeds_its_limit_and_other_takes_the_rest() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, webhook_series=5, clock=clock)
+    hooks = [f"hook-{n}" for n in range(40)]
+    metrics.register_webhooks(hooks, RUNGS)
+    rng = random.Random(23)
+    attempts = 0
+    for step in range(3000):
+        clock.now += rng.choice((0.001, 1.0, 60.0, IDLE_AFTER_S))
+        hook = rng.choice(hooks)
+        action = rng.random()
+        if action < 0.6:
+            received(metrics, hook)
+            attempts += 1
+        elif action < 0.9:
+            failed(metrics, hook)
+            attempts += 1
+        else:
+            deferred(metrics, hook)
+        assert len(metrics.webhooks.members) <= 5
+        if step % 100 == 0:
+            assert tracked(registry) == set(metrics.webhooks.members)
+    assert value(registry, "bridge_deliveries_total", webhook=OTHER) > 0
+    assert len(metrics.webhooks.failing) == value(registry, "bridge_webhooks_failing")
+    assert 0 < value(registry, "bridge_deliveries_total") <= attempts
+
+
+def test_counts_are_exact_while_no_member_gives_its_place() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, webhook_series=2)
+    metrics.register_webhooks(["a", "b", "c", "d"], RUNGS)
+    for hook in ("a", "b", "c", "d", "a", "c"):
+        received(metrics, hook)
+    assert tracked(registry) == {"a", "b"}
+    assert value(registry, "bridge_deliveries_total", webhook="a") == 2
+    assert value(registry, "bridge_deliveries_total", webhook=OTHER) == 3
+    assert value(registry, "bridge_deliveries_total") == 6
+    assert value(registry, "bridge_end_to_end_latency_seconds_count") == 6
+
+
+def test_a_failing_webhook_takes_the_place_of_the_least_recently_active_healthy_one() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, webhook_series=2, clock=clock)
+    metrics.register_webhooks(["a", "b", "c", "d", "e"], RUNGS)
+    received(metrics, "a")
+    clock.now += 1
+    received(metrics, "b")
+    clock.now += 1
+    received(metrics, "c")  # healthy and the set is full: counted under (other)
+    assert tracked(registry) == {"a", "b"}
+    failed(metrics, "d")  # failing: takes the place of "a", the least recently active
+    assert tracked(registry) == {"b", "d"}
+    assert value(registry, "bridge_webhook_failing_since_timestamp_seconds", webhook="d") == (
+        clock.now
+    )
+    deferred(metrics, "e")  # stalled counts as failing: takes the place of "b"
+    assert tracked(registry) == {"d", "e"}
+    failed(metrics, "c")  # every member is failing: nobody gives way
+    assert tracked(registry) == {"d", "e"}
+    assert value(registry, "bridge_webhooks_failing") == 3
+    assert value(registry, "bridge_deliveries_total", webhook=OTHER, outcome="failed") == 1
+
+
+def test_a_member_that_failed_recently_keeps_its_place_against_failing_newcomers() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, webhook_series=1, clock=clock)
+    metrics.register_webhooks(["flaky", "down"], RUNGS)
+    failed(metrics, "flaky")
+    received(metrics, "flaky")  # healthy now, but failed a moment ago
+    failed(metrics, "down")
+    assert tracked(registry) == {"flaky"}
+    clock.now += RECENT_FAILURE_S - 1
+    received(metrics, "flaky")
+    failed(metrics, "down")
+    assert tracked(registry) == {"flaky"}
+    clock.now += 1
+    failed(metrics, "down")
+    assert tracked(registry) == {"down"}
+
+
+def test_an_idle_member_gives_its_place_to_a_newcomer() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, webhook_series=1, clock=clock)
+    metrics.register_webhooks(["old", "new"], RUNGS)
+    received(metrics, "old")
+    clock.now += IDLE_AFTER_S - 1
+    received(metrics, "new")
+    assert tracked(registry) == {"old"}
+    clock.now += 1
+    received(metrics, "new")
+    assert tracked(registry) == {"new"}
+
+
+def test_failing_since_marks_the_start_of_a_run_of_failures_until_a_2xx() -> None:
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, clock=clock)
+    metrics.register_webhooks(["down"], RUNGS)
+    began = clock.now
+    failed(metrics, "down", 1)
+    clock.now += 30
+    failed(metrics, "down", 2)
+    deferred(metrics, "down")
+    since = "bridge_webhook_failing_since_timestamp_seconds"
+    assert registry.get_sample_value(since, {"webhook": "down"}) == began
+    assert registry.get_sample_value("bridge_webhooks_failing") == 1
+    received(metrics, "down")
+    assert registry.get_sample_value(since, {"webhook": "down"}) is None
+    assert registry.get_sample_value("bridge_webhooks_failing") == 0
+    clock.now += 30
+    failed(metrics, "down")
+    assert registry.get_sample_value(since, {"webhook": "down"}) == clock.now
+
+
+def test_a_removed_webhook_loses_its_series_and_its_failing_state() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.register_webhooks(["gone", "kept"], RUNGS)
+    for rung in range(1, RUNGS + 1):
+        failed(metrics, "gone", rung)
+    dead_lettered(metrics, "gone")
+    deferred(metrics, "gone")
+    received(metrics, "kept")
+    assert tracked(registry) == {"gone", "kept"}
+    metrics.register_webhooks(["kept"], RUNGS)
+    assert tracked(registry) == {"kept"}
+    assert registry.get_sample_value("bridge_webhooks_failing") == 0
+    # A retry of the removed webhook that comes due is dead-lettered under (other).
+    metrics.dead_letters.labels("gone", "webhook_removed").inc()
+    failed(metrics, "gone")
+    assert tracked(registry) == {"kept"}
+    assert (
+        value(registry, "bridge_dead_letters_total", webhook=OTHER, reason="webhook_removed") == 1
+    )
+    assert registry.get_sample_value("bridge_webhooks_failing") == 0
+
+
+def test_poison_dead_letters_keep_their_empty_webhook_label() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, webhook_series=0)
+    metrics.register_webhooks(["a"], RUNGS)
+    metrics.dead_letters.labels(NO_WEBHOOK, "corrupt").inc()
+    assert value(registry, "bridge_dead_letters_total", webhook=NO_WEBHOOK, reason="corrupt") == 1

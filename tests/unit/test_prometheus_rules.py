@@ -47,6 +47,8 @@ CHARTED = {
     "bridge_build_info",
     "bridge_retry_lateness_seconds_bucket",
     "bridge_record_failures_total",
+    "bridge_webhooks_failing",  # which webhooks fail and since when (issue 23)
+    "bridge_webhook_failing_since_timestamp_seconds",
     "up",
 }
 PROMQL_KEYWORDS = {
@@ -213,6 +215,7 @@ def test_every_alert_is_documented_in_the_runbook() -> None:
     assert {rule["alert"] for rule in rules} >= {
         "BridgeDeadLetters",
         "BridgeWebhookSuccessRatioLow",
+        "BridgeWebhookFailing",
         "BridgeConsumerLagHigh",
         "BridgeConsumerLagGrowing",
         "BridgeNotConsuming",

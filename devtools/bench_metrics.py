@@ -1,0 +1,254 @@
+"""The metrics scenario of the benchmark: scrapes beside a steady stream, with 10,000 webhooks.
+
+The bridge runs with ``webhooks`` webhooks configured (one, ``busy``, receives a steady ``rate``
+records/s; every other one is idle) while a scraper in its own process GETs ``/metrics`` every
+``interval`` seconds, as Prometheus would. Reported: the series count, the response size and time
+of each scrape (median, max), and the longest gap between two consecutive deliveries to ``busy``
+at the receiver (at 200/s the nominal gap is 5 ms; a scrape that holds the bridge's event loop
+shows as a gap as long as the scrape): overall, among the gaps that overlap a scrape, and among
+the others (what the shared machine, the broker and the load generator cause by themselves).
+
+``python -m devtools.bench_metrics`` runs the scenario alone (its own broker unless
+``KAFKA_BOOTSTRAP_SERVERS`` is set) and prints the result as JSON; ``devtools.bench`` calls
+:func:`scenario_metrics_scrape` with the other scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bridge.core.signing import message_id
+from devtools.bench import (
+    BENCH_BROKER_HEAP,
+    SUCCESS,
+    WARMUP_S,
+    Stage,
+    _wait,
+    _wait_assigned,
+    summary_ms,
+)
+from devtools.devkafka import CACHE, Broker, stop_process
+
+WEBHOOKS = 10_000
+RATE = 200.0
+SCRAPE_INTERVAL_S = 1.0
+BUSY = "busy"
+
+
+def count_series(exposition: bytes) -> int:
+    """Samples in a Prometheus text exposition: the lines that are neither empty nor comments."""
+    return exposition.count(b"\n") - exposition.count(b"\n#") - exposition.startswith(b"#")
+
+
+def longest_gaps(arrivals: list[float], scrapes: list[tuple[float, float]]) -> tuple[float, float]:
+    """The longest time between two consecutive arrivals (seconds) that overlaps one of the
+    ``scrapes`` (start, end), and the longest that overlaps none (the machine's own noise)."""
+    at_scrape, elsewhere = 0.0, 0.0
+    for a, b in pairwise(sorted(arrivals)):
+        if any(a < end and start < b for start, end in scrapes):
+            at_scrape = max(at_scrape, b - a)
+        else:
+            elsewhere = max(elsewhere, b - a)
+    return at_scrape, elsewhere
+
+
+def idle_hooks(stage: Stage, count: int) -> list[dict[str, Any]]:
+    """``count`` webhooks of accounts that never get a record."""
+    return [
+        {"id": f"idle-{n:05d}", "account": f"acct_idle_{n}", "url": stage.url(f"/ok/idle/{n}")}
+        for n in range(count)
+    ]
+
+
+def metrics_url(stage: Stage, topic: str) -> str:
+    """The ``/metrics`` URL of the bridge :meth:`Stage.bridge` runs on ``topic`` (its port is in
+    the configuration file the stage wrote)."""
+    config = yaml.safe_load((stage.workdir / f"{topic}.yaml").read_text())
+    return f"http://127.0.0.1:{config['metrics']['port']}/metrics"
+
+
+def scrape(url: str, timeout: float = 30.0) -> tuple[float, float, int, int]:
+    """One GET of ``url``: (wall time it started, seconds until the whole body was read, bytes,
+    series)."""
+    wall, started = time.time(), time.perf_counter()
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read()
+    return wall, time.perf_counter() - started, len(body), count_series(body)
+
+
+def start_scraper(url: str, interval: float, out: Path) -> subprocess.Popen[bytes]:
+    """The scraper in its own process (reading a large exposition would otherwise take the
+    load generator's interpreter away from its schedule)."""
+    out.unlink(missing_ok=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devtools.bench_metrics",
+            "scrape",
+            url,
+            "--interval",
+            str(interval),
+            "--out",
+            str(out),
+        ]
+    )
+
+
+def scrape_loop(url: str, interval: float, out: Path) -> None:
+    """Scrape ``url`` every ``interval`` seconds (on a fixed schedule) until SIGTERM, one JSON
+    line per scrape: [wall time it started, seconds, bytes, series]."""
+    running = True
+
+    def stop(_signum: int, _frame: object) -> None:
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    next_at = time.monotonic()
+    with out.open("a") as log:
+        while running:
+            try:
+                log.write(json.dumps(scrape(url)) + "\n")
+            except OSError as exc:
+                log.write(json.dumps({"error": str(exc)}) + "\n")
+            log.flush()
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def _median_max(values: list[float], scale: float = 1.0, digits: int = 2) -> dict[str, float]:
+    if not values:
+        return {"median": 0.0, "max": 0.0}
+    return {
+        "median": round(statistics.median(values) * scale, digits),
+        "max": round(max(values) * scale, digits),
+    }
+
+
+def scenario_metrics_scrape(
+    stage: Stage,
+    seconds: float,
+    webhooks: int = WEBHOOKS,
+    rate: float = RATE,
+    interval: float = SCRAPE_INTERVAL_S,
+) -> dict[str, Any]:
+    """``webhooks`` webhooks configured, ``busy`` receiving ``rate`` records/s for ``seconds``
+    (after a warm-up), ``/metrics`` scraped every ``interval`` s throughout (0: never, for a
+    control run)."""
+    topic = stage.new_topics()
+    hooks = [
+        {"id": BUSY, "account": "acct_busy", "url": stage.url("/ok/busy")},
+        *idle_hooks(stage, webhooks - 1),
+    ]
+    scrapes_file = stage.workdir / f"{topic}.scrapes.jsonl"
+    with stage.bridge(topic, hooks) as process:
+        url = metrics_url(stage, topic)
+        _wait(lambda: _answers(url), 120, "the bridge's /metrics", 0.2, process)
+        _wait_assigned(stage, topic)
+        scrapes_file.write_text("")
+        scraper = start_scraper(url, interval, scrapes_file) if interval > 0 else None
+        try:
+            stamps, warm = stage.produce_at_rate(topic, rate, seconds, ["acct_busy"], WARMUP_S)
+            expected = len(stamps) + warm
+            # Generous: a bridge stalled by its scrapes falls minutes behind, and that is a result
+            # to report, not a reason to abort the benchmark.
+            _wait(lambda: stage.received() >= expected, 600, "every busy delivery", 0.2, process)
+        finally:
+            if scraper is not None:
+                stop_process(scraper, 30)
+    arrivals = {e[2]: e[0] for e in stage.dump() if e[3] == 200 and e[1] == "/ok/busy"}
+    measured = {
+        message_id(tx, SUCCESS, BUSY): ts
+        for tx, (ts, _account) in stamps.items()
+        if message_id(tx, SUCCESS, BUSY) in arrivals
+    }
+    lines = [json.loads(line) for line in scrapes_file.read_text().splitlines()]
+    done = [line for line in lines if isinstance(line, list)]
+    times = [line[1] for line in done]
+    sizes = [float(line[2]) for line in done]
+    series = [float(line[3]) for line in done]
+    at_scrape, elsewhere = longest_gaps(
+        [arrivals[m] for m in measured], [(line[0], line[0] + line[1]) for line in done]
+    )
+    return {
+        "webhooks": webhooks,
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "scrape_interval_s": interval,
+        "scrapes": len(done),
+        "scrape_errors": len(lines) - len(done),
+        "series": _median_max(series, digits=0),
+        "response_bytes": _median_max(sizes, digits=0),
+        "response_ms": _median_max(times, 1000),
+        "series_max": max(series, default=0),
+        "response_ms_max": round(max(times, default=0.0) * 1000, 2),
+        "max_gap_ms": round(max(at_scrape, elsewhere) * 1000, 2),
+        "max_gap_at_scrape_ms": round(at_scrape * 1000, 2),
+        "max_gap_between_scrapes_ms": round(elsewhere * 1000, 2),
+        "end_to_end": summary_ms([arrivals[m] - ts for m, ts in measured.items()]),
+        "producer_lag_ms": stage.schedule_lag,
+    }
+
+
+def _answers(url: str) -> bool:
+    try:
+        scrape(url, timeout=60)
+    except OSError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devtools.bench_metrics [--seconds S] [--webhooks N]``, or ``scrape URL``."""
+    parser = argparse.ArgumentParser(prog="python -m devtools.bench_metrics", description=__doc__)
+    commands = parser.add_subparsers(dest="command")
+    run = commands.add_parser("run", help="run the scenario (the default)")
+    for sub in (parser, run):
+        sub.add_argument("--seconds", type=float, default=30.0, help="measured window")
+        sub.add_argument("--webhooks", type=int, default=WEBHOOKS)
+        sub.add_argument("--rate", type=float, default=RATE)
+        sub.add_argument(
+            "--interval", type=float, default=SCRAPE_INTERVAL_S, help="between scrapes; 0: none"
+        )
+    scraper = commands.add_parser("scrape", help="scrape a URL until SIGTERM (internal)")
+    scraper.add_argument("url")
+    scraper.add_argument("--interval", type=float, default=SCRAPE_INTERVAL_S)
+    scraper.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "scrape":
+        scrape_loop(args.url, args.interval, args.out)
+        return 0
+    workdir = CACHE / "bench-metrics"
+    workdir.mkdir(parents=True, exist_ok=True)
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    broker = None if external else Broker(CACHE / "bench-metrics-broker", heap=BENCH_BROKER_HEAP)
+    stage = Stage(external or broker.start(), workdir)  # type: ignore[union-attr]
+    try:
+        stage.start_receiver(fail_first=0)
+        result = scenario_metrics_scrape(
+            stage, args.seconds, args.webhooks, args.rate, args.interval
+        )
+    finally:
+        stage.stop_receiver()
+        if broker is not None:
+            broker.stop()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
