@@ -7,6 +7,7 @@ answer from how many times that ``webhook-id`` was seen on that path; every requ
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -60,8 +61,9 @@ class Received:
 class Receiver:
     """The receiver: ``url(path)`` to point webhooks at it, ``requests`` to read what arrived."""
 
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
         self.port = free_port()
+        self.ssl_context = ssl_context  # served over TLS with it (https URLs) when given
         self.behaviours: dict[str, Behaviour] = {}
         self.requests: list[Received] = []
         self._seen: dict[tuple[str, str], int] = {}
@@ -73,7 +75,8 @@ class Receiver:
 
     def url(self, path: str) -> str:
         """The URL of ``path`` on this receiver."""
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def start(self) -> Receiver:
         self._thread.start()
@@ -97,7 +100,7 @@ class Receiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        await web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self.ssl_context).start()
         self._ready.set()
         await self._stop.wait()
         await runner.cleanup()

@@ -6,10 +6,13 @@ import hashlib
 import hmac
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import trustme
 
 from bridge.core.envelope import header_map
 from bridge.core.signing import message_id
@@ -312,3 +315,67 @@ def test_a_webhook_that_answers_nothing_is_parked_once_its_credit_is_spent(
     parked = consume(setup.bootstrap, f"{setup.source}.parked", 1, timeout=10)
     grouped = [m for m in parked if "bridge-also-webhooks" in header_map(m.headers())]
     assert grouped, "the silent webhooks of one record are parked in one record"
+
+
+def test_https_receivers_behind_a_private_ca_and_requiring_a_client_certificate(
+    bridge_setup: Setup, tmp_path: Path
+) -> None:
+    """Through the bridge process: a receiver whose certificate comes from a private CA, and one
+    that also requires a client certificate. Trusting the CA (added to the system store) and
+    presenting the certificate deliver; without them every attempt is a tls_error, retried and
+    dead-lettered like any other."""
+    ca = trustme.CA()
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "client", "client_key")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    client = ca.issue_cert("bridge-client.example")
+    client.cert_chain_pems[0].write_to_path(paths["client"])
+    client.private_key_pem.write_to_path(paths["client_key"])
+
+    def serving(require_client: bool) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(context)
+        if require_client:
+            context.verify_mode = ssl.CERT_REQUIRED
+            ca.configure_trust(context)
+        return context
+
+    plain_tls, mutual_tls = Receiver(serving(False)).start(), Receiver(serving(True)).start()
+    try:
+        trust = {"tls_ca_file": str(paths["ca"])}
+        certificate = {
+            "tls_client_cert_file": str(paths["client"]),
+            "tls_client_key_file": str(paths["client_key"]),
+        }
+        hooks = [
+            webhook("private-ca", "acct_t", plain_tls.url("/a"), **trust),
+            webhook("unknown-ca", "acct_t", plain_tls.url("/b")),
+            webhook("mutual", "acct_t", mutual_tls.url("/c"), **trust, **certificate),
+            webhook("no-client-cert", "acct_t", mutual_tls.url("/d"), **trust),
+        ]
+        setup = bridge_setup(hooks, retry={"attempts": 1, "first_delay_ms": 100})
+        bridge = setup.start_bridge()
+        setup.produce_records([make_record(f"tx-t{i}", "acct_t") for i in range(3)])
+
+        letters = [header_map(m.headers()) for m in setup.dead_letters(6, timeout=60)]
+        assert (
+            sorted(h["bridge-webhook"] for h in letters)
+            == ["no-client-cert"] * 3 + ["unknown-ca"] * 3
+        )
+        for letter in letters:
+            assert letter["bridge-reason"] == "retries_exhausted"
+            assert letter["bridge-attempts"] == "2", "the first attempt and one retry"
+            assert letter["bridge-last-error"].startswith("tls_error"), letter
+        wait_for(
+            lambda: (
+                len(plain_tls.received_ids("/a")) == 3 and len(mutual_tls.received_ids("/c")) == 3
+            ),
+            30,
+            message="the trusted and the mutual-TLS deliveries",
+        )
+        assert plain_tls.on("/b") == [] and mutual_tls.on("/d") == [], "no request reached them"
+        failed = '{outcome="failed",status_class="tls_error",webhook="unknown-ca"}'
+        assert bridge.gauge("bridge_deliveries_total", failed) == 6  # 3 records, 2 attempts
+        assert bridge.terminate() == 0
+    finally:
+        plain_tls.stop()
+        mutual_tls.stop()
