@@ -159,12 +159,12 @@ class Pipeline:
         """Consume and dispatch until ``stopping`` is set (then :meth:`drain` finishes the work)."""
         self._loop = asyncio.get_running_loop()
         self._register_webhooks()
-        consumer = self.consumer.consumer
-        consumer.subscribe(
+        await self.consumer.call(  # on the consumer's thread, like every call on it
+            self.consumer.subscribe,
             self.topics(),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            self._on_assign,
+            self._on_revoke,
+            self._on_lost,
         )
         while not self.stopping:
             self.last_loop = time.monotonic()

@@ -64,6 +64,18 @@ class ThreadedConsumer:
         """Run ``fn(*args)`` on the consumer's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        on_assign: Callable[..., None],
+        on_revoke: Callable[..., None],
+        on_lost: Callable[..., None],
+    ) -> None:
+        """Subscribe the group to ``topics`` with rebalance callbacks (run inside :meth:`fetch`)."""
+        self.consumer.subscribe(
+            list(topics), on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
+        )
+
     def fetch(
         self, max_messages: int, timeout: float, store: Sequence[tuple[TP, int]] = ()
     ) -> list[Message]:

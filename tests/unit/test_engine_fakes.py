@@ -1,0 +1,389 @@
+"""The engine over in-memory fakes of Kafka, the producer and the HTTP sender: its bounds and its
+ladder in milliseconds, with random fan-outs (the integration tests prove the same against the real
+broker and real receivers).
+
+``FakeKafka`` keeps topics as lists of records. ``FakeConsumer`` serves every subscribed topic from
+one partition each, honours pause, seek and resume, stores and commits offsets, and runs every call
+on its own thread, like :class:`bridge.kafka.consumer.ThreadedConsumer` (the rebalance callbacks
+need that: they hand their work to the event loop and wait for it). ``FakeSender`` answers after a
+random short delay and records how many requests were open at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from confluent_kafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from bridge.codec.decoding import Decoder
+from bridge.codec.encoding import encode_plain, load_schema_file
+from bridge.core.envelope import header_map
+from bridge.core.settings import Config, DeliveryConfig, RetryConfig, TopicsConfig
+from bridge.core.signing import message_id
+from bridge.core.webhook import Secret, Webhook
+from bridge.engine.pipeline import Pipeline
+from bridge.http.sender import DeliveryRequest, Outcome
+from bridge.ops.metrics import Metrics
+from devtools.samples import make_record
+
+T = TypeVar("T")
+TP = tuple[str, int]
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SUCCESS = "transaction.success"
+FAST_LADDER = RetryConfig(attempts=2, first_delay_ms=5, increment_ms=5)
+
+
+@dataclass
+class FakeMessage:
+    _topic: str
+    _offset: int
+    _value: bytes
+    _key: bytes | None = None
+    _headers: list[tuple[str, bytes]] | None = None
+    _partition: int = 0
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def error(self) -> None:
+        return None
+
+
+@dataclass
+class FakeKafka:
+    topics: dict[str, list[FakeMessage]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def append(self, topic: str, value: bytes, key: bytes | None, headers: Any) -> None:
+        with self.lock:
+            records = self.topics.setdefault(topic, [])
+            records.append(FakeMessage(topic, len(records), value, key, list(headers or [])))
+
+
+class FakeConsumer:
+    """The parts of ThreadedConsumer the engine uses, over FakeKafka, one partition a topic."""
+
+    def __init__(self, kafka: FakeKafka) -> None:
+        self.kafka = kafka
+        self.executor = ThreadPoolExecutor(max_workers=1)
+        self.thread: threading.Thread | None = None
+        self.topics: list[str] = []
+        self.callbacks: dict[str, Callable[..., None]] = {}
+        self.assigned = False
+        self.position: dict[TP, int] = {}
+        self.paused: set[TP] = set()
+        self.stored: dict[TP, int] = {}
+        self.calls_off_thread = 0
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _on_thread(self) -> None:
+        current = threading.current_thread()
+        if self.thread is None:
+            self.thread = current
+        if current is not self.thread:
+            self.calls_off_thread += 1
+
+    def subscribe(
+        self, topics: Sequence[str], on_assign: Any, on_revoke: Any, on_lost: Any
+    ) -> None:
+        self._on_thread()
+        self.topics = list(topics)
+        self.callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+
+    def fetch(
+        self, max_messages: int, timeout: float, store: Sequence[tuple[TP, int]] = ()
+    ) -> list[FakeMessage]:
+        self._on_thread()
+        self.store(store)
+        if not self.assigned:
+            self.assigned = True
+            self.callbacks["assign"](self, [TopicPartition(t, 0) for t in self.topics])
+        taken: list[FakeMessage] = []
+        with self.kafka.lock:
+            for topic in self.topics:
+                tp = (topic, 0)
+                if tp in self.paused:
+                    continue
+                records = self.kafka.topics.get(topic, [])
+                start = self.position.get(tp, 0)
+                batch = records[start : start + max_messages - len(taken)]
+                taken += batch
+                self.position[tp] = start + len(batch)
+        if not taken:
+            threading.Event().wait(min(timeout, 0.002))
+        return taken
+
+    def pause(self, partitions: Sequence[TP]) -> None:
+        self._on_thread()
+        self.paused.update(partitions)
+
+    def resume_at(self, positions: Sequence[tuple[TP, int | None]]) -> None:
+        self._on_thread()
+        for tp, offset in positions:
+            if offset is not None:
+                self.position[tp] = offset
+            self.paused.discard(tp)
+
+    def store(self, offsets: Sequence[tuple[TP, int]]) -> None:
+        self._on_thread()
+        for tp, offset in offsets:
+            self.stored[tp] = max(offset, self.stored.get(tp, 0))
+
+    def commit_now(self, offsets: Sequence[tuple[TP, int]]) -> None:
+        self.store(offsets)
+
+
+class FakeProducer:
+    def __init__(self, kafka: FakeKafka) -> None:
+        self.kafka = kafka
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Any) -> None:
+        await asyncio.sleep(0)
+        self.kafka.append(topic, value or b"", key, headers)
+
+
+class FakeSender:
+    """Answers each request after a random short delay: ``status_of(message_id, seen)`` decides
+    the status from how often that webhook-id was seen. Records the requests open at once."""
+
+    def __init__(self, rng: random.Random, status_of: Callable[[str, int], int]) -> None:
+        self.rng = rng
+        self.status_of = status_of
+        self.open = 0
+        self.most_open = 0
+        self.seen: dict[str, int] = {}
+        self.received: list[str] = []
+        self.samples: list[Callable[[], None]] = []
+
+    async def send(self, request: DeliveryRequest, timeout: float) -> Outcome:
+        ident = request.headers["webhook-id"]
+        seen = self.seen.get(ident, 0)
+        self.seen[ident] = seen + 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        for sample in self.samples:
+            sample()
+        try:
+            await asyncio.sleep(self.rng.uniform(0, 0.003))
+        finally:
+            self.open -= 1
+        status = self.status_of(ident, seen)
+        if 200 <= status < 300:
+            self.received.append(ident)
+        return Outcome(status, "", 0.001)
+
+
+def _hooks(fan_outs: dict[str, int]) -> tuple[Webhook, ...]:
+    return tuple(
+        Webhook(
+            id=f"{account}-{n}",
+            account=account,
+            url=f"https://{account}-{n}.example/hook",
+            events=frozenset({SUCCESS}),
+            secret=Secret(b"s" * 32),
+            concurrency=4,
+        )
+        for account, count in fan_outs.items()
+        for n in range(count)
+    )
+
+
+@dataclass
+class Run:
+    pipeline: Pipeline
+    consumer: FakeConsumer
+    sender: FakeSender
+    kafka: FakeKafka
+    records: list[dict[str, Any]]
+    webhooks: tuple[Webhook, ...]
+
+
+def run_engine(
+    seed: int,
+    max_in_flight: int,
+    fan_outs: dict[str, int],
+    records: int,
+    status_of: Callable[[str, int], int],
+    done: Callable[[Run], bool],
+    prepare: Callable[[Run], None] = lambda _run: None,
+    retry: RetryConfig = FAST_LADDER,
+) -> Run:
+    rng = random.Random(seed)
+    webhooks = _hooks(fan_outs)
+    config = Config(
+        path=Path("fake.yaml"),
+        topics=TopicsConfig(source="src", retry_prefix="src.retry", parked="src.parked"),
+        retry=retry,
+        delivery=DeliveryConfig(max_in_flight=max_in_flight),
+        webhooks=webhooks,
+    )
+    schema = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
+    kafka = FakeKafka()
+    produced = [make_record(f"tx-{seed}-{i}", rng.choice(sorted(fan_outs))) for i in range(records)]
+    for record in produced:
+        kafka.append("src", encode_plain(schema, record), None, None)
+    consumer = FakeConsumer(kafka)
+    sender = FakeSender(rng, status_of)
+    pipeline = Pipeline(
+        config,
+        consumer=consumer,  # type: ignore[arg-type]
+        producer=FakeProducer(kafka),  # type: ignore[arg-type]
+        sender=sender,  # type: ignore[arg-type]
+        decoder=Decoder(schema),
+        metrics=Metrics(CollectorRegistry()),
+    )
+    run = Run(pipeline, consumer, sender, kafka, produced, webhooks)
+    prepare(run)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(pipeline.run())
+        try:
+            async with asyncio.timeout(20):
+                while not done(run):
+                    await asyncio.sleep(0.005)
+        finally:
+            loop = asyncio.get_running_loop()
+            await pipeline.drain(loop.time() + 5)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            consumer.executor.shutdown(wait=True)
+
+    asyncio.run(main())
+    return run
+
+
+def _pairs(run: Run) -> set[str]:
+    by_account: dict[str, list[str]] = {}
+    for webhook in run.webhooks:
+        by_account.setdefault(webhook.account, []).append(webhook.id)
+    return {
+        message_id(str(r["transactionId"]), SUCCESS, w)
+        for r in run.records
+        for w in by_account.get(str(r["accountHolderId"]), [])
+    }
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int) -> None:
+    """Random fan-outs from 0 to 12 per record, the limit 8: in flight (deliveries started and
+    not finished) stays within the limit, except while one record whose fan-out alone exceeds it
+    goes alone; every pair is received; the stored offset reaches the end."""
+    rng = random.Random(seed)
+    fan_outs = {f"acct{a}": rng.randint(0, 12) for a in range(6)}
+    limit = 8
+    violations: list[str] = []
+    in_flight_by_record: dict[tuple[Any, int], int] = {}
+
+    def watch(run: Run) -> Callable[[], None]:
+        def sample() -> None:
+            pipeline = run.pipeline
+            alone = len([n for n in in_flight_by_record.values() if n]) == 1
+            if pipeline.in_flight > limit and not alone:
+                violations.append(f"{pipeline.in_flight} in flight over {in_flight_by_record}")
+
+        return sample
+
+    def prepare(run: Run) -> None:
+        run.sender.samples.append(watch(run))
+        original = run.pipeline._deliver
+
+        def deliver(delivery: Any, webhook: Any, work: Any) -> Any:
+            # Called when the delivery is spawned (counted in flight from then on).
+            key = (work.tp, work.offset)
+            in_flight_by_record[key] = in_flight_by_record.get(key, 0) + 1
+
+            async def delivering() -> None:
+                try:
+                    await original(delivery, webhook, work)
+                finally:
+                    in_flight_by_record[key] -= 1
+
+            return delivering()
+
+        run.pipeline._deliver = deliver  # type: ignore[method-assign]
+
+    def done(run: Run) -> bool:
+        return run.consumer.stored.get(("src", 0)) == len(run.records)
+
+    run = run_engine(seed, limit, fan_outs, 60, lambda _id, _seen: 200, done, prepare)
+    assert violations == []
+    assert set(run.sender.received) == _pairs(run)
+    assert len(run.sender.received) == len(_pairs(run)), "each pair once"
+    assert run.consumer.stored[("src", 0)] == len(run.records)
+    assert run.consumer.calls_off_thread == 0, "every consumer call on the consumer's thread"
+
+
+def test_the_whole_ladder_ends_in_the_dead_letters_and_the_commit_moves() -> None:
+    """A webhook that always answers 503 goes through every rung (first attempt and two retries)
+    into the dead letters; one that fails twice then answers is received on its third attempt;
+    every offset of the source and of each rung is stored."""
+    fan_outs = {"acct": 2}
+
+    def status_of(ident: str, seen: int) -> int:
+        return 503 if ident in always_failing or seen < 2 else 200
+
+    always_failing: set[str] = set()
+
+    def done(run: Run) -> bool:
+        if not always_failing:
+            always_failing.update(
+                message_id(str(r["transactionId"]), SUCCESS, "acct-0") for r in run.records
+            )
+        letters = run.kafka.topics.get("transactions.outcomes.dlq", [])
+        return len(letters) == len(run.records) and len(run.sender.received) == len(run.records)
+
+    run = run_engine(3, 50, fan_outs, 10, status_of, done)
+    letters = [header_map(m.headers()) for m in run.kafka.topics["transactions.outcomes.dlq"]]
+    assert {h["bridge-webhook"] for h in letters} == {"acct-0"}
+    assert {h["bridge-reason"] for h in letters} == {"retries_exhausted"}
+    assert {h["bridge-attempts"] for h in letters} == {"3"}
+    assert sorted(run.sender.received) == sorted(
+        message_id(str(r["transactionId"]), SUCCESS, "acct-1") for r in run.records
+    )
+    assert all(run.sender.seen[i] == 3 for i in run.sender.received), "received on attempt 3"
+    stored = run.consumer.stored
+    assert stored[("src", 0)] == len(run.records)
+    for rung in ("src.retry.1", "src.retry.2"):
+        assert stored[(rung, 0)] == len(run.kafka.topics[rung]) == 2 * len(run.records)
+
+
+def test_a_poison_record_is_dead_lettered_and_the_commit_moves_past_it() -> None:
+    def prepare(run: Run) -> None:
+        run.kafka.append("src", b"\x00not avro at all", b"k", None)  # after the good ones
+
+    def done(run: Run) -> bool:
+        return run.consumer.stored.get(("src", 0)) == len(run.records) + 1
+
+    run = run_engine(5, 10, {"acct": 1}, 5, lambda _id, _seen: 200, done, prepare)
+    letters = [header_map(m.headers()) for m in run.kafka.topics["transactions.outcomes.dlq"]]
+    assert [(h["bridge-kind"], h["bridge-source-offset"]) for h in letters] == [("poison", "5")]
+    assert len(run.sender.received) == 5
