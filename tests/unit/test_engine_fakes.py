@@ -16,7 +16,7 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,8 +30,10 @@ from bridge.core.envelope import header_map
 from bridge.core.settings import Config, DeliveryConfig, RetryConfig, TopicsConfig
 from bridge.core.signing import message_id
 from bridge.core.webhook import Secret, Webhook
+from bridge.engine import pipeline as pipeline_module
 from bridge.engine.pipeline import Pipeline
 from bridge.http.sender import DeliveryRequest, Outcome
+from bridge.kafka.producer import ProduceError
 from bridge.ops.metrics import Metrics
 from devtools.samples import make_record
 
@@ -387,3 +389,116 @@ def test_a_poison_record_is_dead_lettered_and_the_commit_moves_past_it() -> None
     letters = [header_map(m.headers()) for m in run.kafka.topics["transactions.outcomes.dlq"]]
     assert [(h["bridge-kind"], h["bridge-source-offset"]) for h in letters] == [("poison", "5")]
     assert len(run.sender.received) == 5
+
+
+class FailingProducer(FakeProducer):
+    """Refuses the first ``failures`` writes (the broker does not acknowledge them)."""
+
+    def __init__(self, kafka: FakeKafka, failures: int) -> None:
+        super().__init__(kafka)
+        self.failures = failures
+        self.refused = 0
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Any) -> None:
+        if self.refused < self.failures:
+            self.refused += 1
+            raise ProduceError("not enough replicas")
+        await super().send(topic, value, key, headers)
+
+
+def test_a_failing_producer_is_tried_again_and_nothing_is_lost() -> None:
+    """Every delivery fails once (503); the first three writes of its retry are refused: each is
+    written again, every pair is received on its second attempt, and the commit moves."""
+
+    def prepare(run: Run) -> None:
+        run.pipeline.producer = FailingProducer(run.kafka, 3)  # type: ignore[assignment]
+
+    def done(run: Run) -> bool:
+        return len(run.sender.received) == len(run.records) and run.consumer.stored.get(
+            ("src.retry.1", 0)
+        ) == len(run.records)
+
+    run = run_engine(
+        7, 20, {"acct": 1}, 4, lambda _id, seen: 503 if seen == 0 else 200, done, prepare
+    )
+    assert run.pipeline.producer.refused == 3  # type: ignore[attr-defined]
+    assert len(run.kafka.topics["src.retry.1"]) == 4, "each retry written once it was accepted"
+    assert all(run.sender.seen[i] == 2 for i in run.sender.received)
+    assert run.consumer.stored[("src", 0)] == 4
+
+
+class HangingSender(FakeSender):
+    """Never answers requests to ``hung`` (the attempt's guard ends them); answers the rest."""
+
+    def __init__(self, rng: random.Random, hung: str) -> None:
+        super().__init__(rng, lambda _id, _seen: 200)
+        self.hung = hung
+
+    async def send(self, request: DeliveryRequest, timeout: float) -> Outcome:
+        if self.hung in request.url:
+            await asyncio.sleep(3600)
+        return await super().send(request, timeout)
+
+
+def test_a_stalled_webhook_is_parked_while_the_other_is_delivered() -> None:
+    """One webhook never answers (its concurrency is 4, patience the first rung's 5 ms, timeout
+    0.3 s): once its slots are full and it has answered nothing for its patience, its deliveries
+    are parked (no request made) while the other webhook of the same records gets all of them."""
+
+    def prepare(run: Run) -> None:
+        run.pipeline.sender = HangingSender(random.Random(1), "acct-0")  # type: ignore[assignment]
+        run.sender = run.pipeline.sender  # type: ignore[assignment]
+        hooks = tuple(
+            replace(w, timeout_seconds=0.3) if w.id == "acct-0" else w for w in run.webhooks
+        )
+        run.pipeline.apply_config(replace(run.pipeline.config, webhooks=hooks))
+
+    def done(run: Run) -> bool:
+        return (
+            len(run.sender.received) == len(run.records)
+            and len(run.kafka.topics.get("src.parked", [])) > 0
+        )
+
+    run = run_engine(8, 100, {"acct": 2}, 40, lambda _id, _seen: 200, done, prepare)
+    parked = [header_map(m.headers()) for m in run.kafka.topics["src.parked"]]
+    assert {h["bridge-webhook"] for h in parked} == {"acct-0"}
+    assert {h["bridge-attempt"] for h in parked} == {"0"}, "parking uses no attempt"
+    assert sorted(run.sender.received) == sorted(
+        message_id(str(r["transactionId"]), SUCCESS, "acct-1") for r in run.records
+    )
+
+
+def test_revoke_while_deliveries_are_in_flight_commits_only_finished_work() -> None:
+    """The partition is revoked while one webhook's deliveries hang: the revoke waits for the
+    engine's drain limit, cancels what is left and commits only the prefix of finished records;
+    the partition's state is dropped whole and made fresh on the next assign."""
+
+    def prepare(run: Run) -> None:
+        run.pipeline.sender = HangingSender(random.Random(2), "acct-0")  # type: ignore[assignment]
+        run.pipeline.sender.samples = []  # type: ignore[attr-defined]
+        pipeline_module.REVOKE_DRAIN_S = 0.2
+
+    revoked: list[Any] = []
+
+    def done(run: Run) -> bool:
+        pipeline = run.pipeline
+        if not revoked and pipeline.in_flight >= 3:
+            consumer = run.consumer
+            revoked.append(True)
+
+            def revoke() -> None:
+                consumer.callbacks["revoke"](consumer, [TopicPartition("src", 0)])
+                consumer.assigned = False  # the next fetch assigns it again
+
+            consumer.executor.submit(revoke)
+            return False
+        return bool(revoked) and ("src", 0) in pipeline.trackers and pipeline.in_flight >= 1
+
+    original = pipeline_module.REVOKE_DRAIN_S
+    try:
+        run = run_engine(9, 100, {"acct": 1}, 5, lambda _id, _seen: 200, done, prepare)
+    finally:
+        pipeline_module.REVOKE_DRAIN_S = original
+    # Nothing of the hung webhook finished: no offset of the source may have been committed.
+    assert run.consumer.stored.get(("src", 0), 0) == 0
+    assert run.pipeline.trackers[("src", 0)] is not None
