@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: test demo lint unit integration bench broker-start broker-stop clean setup \
-	kafka-jars registry-jars prometheus-tools
+	kafka-jars registry-jars prometheus-tools helm-tools image container-tools
 
 test: setup lint ## Everything: lint, type-check, unit and integration tests (real broker)
 	$(PY) -m pytest tests
@@ -14,14 +14,14 @@ test: setup lint ## Everything: lint, type-check, unit and integration tests (re
 demo: $(STAMP) kafka-jars ## The demo: broker, bridge, sample receiver and producer
 	$(PY) -m devtools demo
 
-setup: $(STAMP) kafka-jars registry-jars prometheus-tools
+setup: $(STAMP) kafka-jars registry-jars prometheus-tools helm-tools
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check bridge devtools tests deploy
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP) prometheus-tools
+unit: $(STAMP) prometheus-tools helm-tools
 	$(PY) -m pytest tests/unit
 
 integration: setup
@@ -39,6 +39,23 @@ broker-stop: $(STAMP)
 # Prometheus and promtool (Debian's package) check the dashboard and alert rules in the tests.
 prometheus-tools:
 	@sh deploy/prometheus/ensure-prometheus.sh
+
+# helm, built from source with Go into .cache/go-bin (once): the tests render and lint the chart.
+helm-tools:
+	@sh deploy/helm/ensure-helm.sh
+
+# The container image (deploy/docker/Dockerfile): `docker build` where a Docker engine runs, else
+# buildah on a local Debian base cached in .cache/container (deploy/docker/build-image.sh).
+# IMAGE names the tag. The container test (tests/integration/test_container.py) builds it itself.
+IMAGE ?= transaction-webhook-bridge:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' bridge/__init__.py)
+image: container-tools
+	@sh deploy/docker/build-image.sh $(IMAGE) >/dev/null
+
+# buildah, podman, runc and mmdebstrap (Debian's packages) for `make image` and the container test;
+# nothing where a Docker engine runs. The container test installs them itself or is skipped, with
+# the reason, where they cannot be installed (no root, no apt).
+container-tools:
+	@sh deploy/docker/ensure-container-tools.sh
 
 # Apicurio Registry for the schema-registry integration tests.
 registry-jars: $(STAMP)
