@@ -891,6 +891,9 @@ TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "longest delivery gap across a scrape < 100 ms": lambda r: (
         r["metrics_scrape"]["max_gap_at_scrape_ms"] < 100
     ),
+    "10,000 webhooks load in < 0.5 s (bridge check --offline, median wall)": lambda r: (
+        r["config_load_10000"]["wall_s"]["median"] < 0.5
+    ),
     "peak RSS < 200 MB": lambda r: r["memory"]["peak_rss_mb"] < 200,
     "pure path >= 50,000 records/s": lambda r: r["pure"]["records_per_s"] >= 50_000,
 }
@@ -951,6 +954,13 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         if wanted("latency"):
             _say("latency at 1,000 records/s")
             results["latency"] = scenario_latency(stage, 1000, sizes.latency_seconds)
+        if wanted("config"):
+            from devtools.bench_config import scenario_config_load
+
+            _say("config: bridge check --offline with 1,000, 10,000 and 50,000 webhooks")
+            loads = scenario_config_load(workdir / "config-load", rounds=3)["sizes"]
+            for size, load in loads.items():  # each round's figures stay in the scenario's file
+                results[f"config_load_{size}"] = {k: v for k, v in load.items() if k != "rounds"}
         if wanted("metrics"):
             from devtools.bench_metrics import scenario_metrics_scrape  # (it imports this module)
 
@@ -1020,7 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(
-        "--only", help="comma-separated: pure,throughput,latency,metrics,retry,isolation,memory"
+        "--only",
+        help="comma-separated: pure,throughput,latency,config,metrics,retry,isolation,memory",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "latest.json")
     args = parser.parse_args(argv)

@@ -13,6 +13,11 @@ than :data:`MAX_NESTING`, recursive aliases and alias "bombs" (aliases adding mo
 built, and an exception nobody foresaw becomes a ConfigError naming only its type (its message
 could hold a secret).
 
+The YAML is composed by libyaml (PyYAML's C loader, :data:`FAST_YAML_LOADER`) when PyYAML has it,
+about ten times faster than PyYAML's pure-Python composer; a document libyaml might read otherwise
+(tabs, tags, block scalars...), refuses, or nests near the limit is composed again by the pure
+loader, whose messages are the ones reported, so the result never depends on which one ran.
+
 Defaults live in the dataclasses below; a key that is absent or ``null`` takes its default.
 Relative paths in the file (``schemas.directory``, ``*_file`` secrets) resolve against the current
 working directory.
@@ -23,10 +28,13 @@ from __future__ import annotations
 import codecs
 import contextlib
 import difflib
+import functools
+import gc
 import ipaddress
 import math
 import os
 import re
+import threading
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -54,7 +62,7 @@ from bridge.core.settings import (
     sha256_hex,
 )
 from bridge.core.signing import standard_webhooks_key
-from bridge.core.urls import UrlError, parse_webhook_url
+from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url
 from bridge.core.webhook import (
     DEFAULT_SIGNATURE,
     EVENTS,
@@ -91,7 +99,8 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.en
     """
     file = Path(path)
     try:
-        return _load(file, environ)
+        with _collector_paused():
+            return _load(file, environ)
     except ConfigError:
         raise
     except Exception as exc:  # a bug: say so, but never repeat the message (it may hold a secret)
@@ -128,6 +137,36 @@ def _load(file: Path, environ: Mapping[str, str]) -> Config:
 
 class _TooLarge(Exception):
     """A file is larger than its limit."""
+
+
+_collector_lock = threading.Lock()
+_collector_pausers = 0
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a file loads (threads loading at once share the
+    pause; the last one out restores the collector as it found it).
+
+    A load allocates hundreds of thousands of objects that all stay alive until it ends (the YAML
+    node graph), and each allocation burst made the collector walk them all again: at 10,000
+    webhooks that was more than half of the load. A load leaves almost no cycles behind (a
+    recursive alias's nodes), collected after it.
+    """
+    global _collector_pausers, _collector_was_enabled
+    with _collector_lock:
+        if _collector_pausers == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_pausers += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_pausers -= 1
+            if _collector_pausers == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 def _read_limited(path: Path, limit: int) -> bytes:
@@ -278,7 +317,7 @@ def _text(value: Any) -> str:
         raise _Invalid(f"expected a string, got {_kind(value)} (quote the value)")
     if not value.strip():
         raise _Invalid("must not be empty")
-    if _SURROGATE.search(value):
+    if not value.isascii() and _SURROGATE.search(value):
         raise _Invalid("contains a lone surrogate (\\ud800 to \\udfff), which is not text")
     return value
 
@@ -363,12 +402,19 @@ def _url(userinfo_message: str) -> Converter:
     def convert(value: Any) -> str:
         url = _text(value)
         try:
-            parse_webhook_url(url)
+            _parsed_url(url)
         except UrlError as exc:
             raise _Invalid(userinfo_message if exc.reason == "userinfo" else str(exc)) from None
         return url
 
     return convert
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_url(url: str) -> WebhookUrl:
+    """:func:`parse_webhook_url`, remembered: a webhook's URL is converted, then its destination
+    checked (errors are not remembered: each raises anew)."""
+    return parse_webhook_url(url)
 
 
 def _events(value: Any) -> frozenset[str]:
@@ -467,6 +513,7 @@ _SECTIONS: Final[dict[str, dict[str, _Field]]] = {
         "host": _Field(_text),
         "port": _Field(_integer(0, 65_535)),
         "enabled": _Field(_boolean),
+        "webhook_series": _Field(_integer(0, 1000)),
     },
     "logging": {
         "format": _Field(_choice("json", "text")),
@@ -509,6 +556,20 @@ class _Values:
     node: Node | None
     where: Where
     given: set[str] = field(default_factory=set)  # keys with a value, valid or not
+
+
+_SPEC_ORDERS: dict[int, tuple[Mapping[str, _Field], dict[str, int], tuple[str, ...]]] = {}
+
+
+def _spec_order(spec: Mapping[str, _Field]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The position of each field of ``spec`` and its required fields (those read in a
+    section when absent: to say they are missing), remembered per spec."""
+    known = _SPEC_ORDERS.get(id(spec))
+    if known is None or known[0] is not spec:
+        order = {name: index for index, name in enumerate(spec)}
+        required = tuple(name for name, each in spec.items() if each.required and not each.node)
+        known = _SPEC_ORDERS[id(spec)] = (spec, order, required)
+    return known[1], known[2]
 
 
 def _children(node: Node) -> list[Node]:
@@ -601,6 +662,136 @@ class _YamlLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+class _Declined(Exception):
+    """The libyaml composer leaves the document to the pure one, which has the last word."""
+
+
+_NON_PRINTABLE: Final = yaml.reader.Reader.NON_PRINTABLE
+_FAST_MAX_LEVEL: Final = MAX_NESTING - 1
+"""The libyaml composer declines a node at this level (the root is level 1) or deeper, so any
+document that could reach the pure composer's limit is judged by the pure composer alone."""
+_PLAIN_TAG_CACHE_LENGTH: Final = 64  # plain scalars up to this long have their tag remembered
+
+if yaml.__with_libyaml__:
+
+    class _FastYamlLoader(yaml.CSafeLoader):
+        """PyYAML's libyaml-backed safe loader, about ten times faster than the pure one, with
+        the same guard on nesting (its composer recurses in C, where a deep document would crash
+        the process rather than raise): it declines at :data:`_FAST_MAX_LEVEL`.
+
+        libyaml calls :meth:`descend_resolver` and :meth:`ascend_resolver` around every node but
+        aliases; the loader has no path resolvers, so they only count the levels here.
+        """
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._level = 0
+            self._plain_tags: dict[str, str] = {}
+            if self.yaml_path_resolvers:  # never set for this class; keep the general code exact
+                raise _Declined
+
+        def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+            if self._level >= _FAST_MAX_LEVEL - 1:
+                raise _Declined
+            self._level += 1
+
+        def ascend_resolver(self) -> None:
+            self._level -= 1
+
+        def resolve(self, kind: type[Node], value: Any, implicit: Any) -> str:
+            """:meth:`yaml.resolver.Resolver.resolve` without path resolvers, a plain scalar's
+            tag remembered by its text (a configuration repeats its keys thousands of times)."""
+            if kind is not ScalarNode:
+                return str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
+            if not implicit[0]:
+                if not implicit[1]:  # an empty scalar tagged '!': the pure parser makes it null
+                    raise _Declined
+                return str(self.DEFAULT_SCALAR_TAG)
+            tag = self._plain_tags.get(value)
+            if tag is None:
+                tag = str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
+                if len(value) <= _PLAIN_TAG_CACHE_LENGTH:
+                    self._plain_tags[value] = tag
+            return tag
+
+    FAST_YAML_LOADER: type[yaml.CSafeLoader] | None = _FastYamlLoader
+else:  # PyYAML built without libyaml
+    FAST_YAML_LOADER = None
+"""The loader tried first (libyaml), or None: compose with the pure-Python loader alone. Whatever
+libyaml refuses, errs on or declines (control characters, nesting near :data:`MAX_NESTING`, a
+bad escape...) is composed again by the pure loader, whose result and messages are the ones
+reported: libyaml only ever speeds up a document both accept."""
+
+
+_LINE_BREAKS: Final = "\r\n\x85\u2028\u2029"
+_CANDIDATES_CHECKED: Final = 10_000  # past this many, a character is taken to start a token
+
+
+def _may_start_token(text: str, chars: str, after: str | None = None) -> bool:
+    """Whether one of ``chars`` may start a YAML token in ``text``: a superset, cheap to find.
+
+    With ``after`` (a set of characters), only at the start or right after one of them;
+    otherwise at the start or after anything but a word character or ``=``: an indicator such
+    as ``!`` or ``&`` starts a token after whitespace, a flow indicator or a quote, and a
+    character right after a letter (``pa!ss``, ``a=1&b=2``) is inside a plain scalar.
+    """
+    for char in chars:
+        at = text.find(char)
+        for _ in range(_CANDIDATES_CHECKED):
+            if at < 0:
+                break
+            if at == 0:
+                return True
+            before = text[at - 1]
+            if after is None:
+                if not (before.isalnum() or before in "_="):
+                    return True
+            elif before in after:
+                return True
+            at = text.find(char, at + 1)
+        else:
+            return True
+    return False
+
+
+def _libyaml_may_differ(text: str) -> bool:
+    """Whether libyaml may read ``text`` otherwise than PyYAML: tabs (libyaml takes them where
+    PyYAML refuses them, as in ``a: b<TAB>``), a byte order mark (libyaml skips one at the start
+    of any line, PyYAML only at the start of the text), directives, tags (libyaml takes handles
+    PyYAML refuses, as ``!...!``, and types an empty scalar tagged ``!`` otherwise) and block
+    scalars (libyaml takes ``|#`` without a space)."""
+    return (
+        "\t" in text
+        or "\ufeff" in text
+        or _may_start_token(text, "%", after=_LINE_BREAKS)
+        or _may_start_token(text, "!|>")
+    )
+
+
+def _compose_fast(text: str) -> tuple[bool, Node | None]:
+    """``(True, root)`` when libyaml composed the document, ``(False, None)`` when the pure
+    loader must: no libyaml, no line break at the end (there libyaml moves to a new line, so a
+    value left empty at the end, as in ``? a``, would have its line one further), something
+    libyaml may read otherwise (:func:`_libyaml_may_differ`), a character the pure reader
+    refuses, or any libyaml failure."""
+    loader_class = FAST_YAML_LOADER
+    if (
+        loader_class is None
+        or not text.endswith("\n")
+        or _libyaml_may_differ(text)
+        or _NON_PRINTABLE.search(text)
+    ):
+        return False, None
+    try:
+        loader = loader_class(text)
+        try:
+            return True, loader.get_single_node()
+        finally:
+            loader.dispose()
+    except Exception:  # its own words and marks differ: the pure loader says what is wrong
+        return False, None
+
+
 def _decode(data: bytes) -> str:
     """The text of the file: UTF-8 (BOM allowed), or UTF-16 with its BOM, as YAML allows."""
     utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
@@ -622,6 +813,8 @@ class _Loader:
         self._problems: list[tuple[int, str, str]] = []
         self._secret_texts: set[str] = set()
         self._constructor = SafeConstructor()
+        # The outbound policy of the delivery section, and its verdict on each literal address.
+        self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -641,21 +834,44 @@ class _Loader:
     def remember_document_secrets(self, root: Node) -> None:
         """Note every scalar written under a secret's key, wherever it is (an alias could show it
         in another field's message, even from a section the loader does not read)."""
-        for node in _distinct_nodes(root):
+        verdicts: dict[str, bool] = {}  # key text: whether it names a secret
+        seen = {id(root)}
+        pending = [root]
+        while pending:
+            node = pending.pop()
             if isinstance(node, MappingNode):
                 for key_node, value_node in node.value:
-                    if isinstance(key_node, ScalarNode) and _is_secret_key(str(key_node.value)):
-                        subtree = list(_distinct_nodes(value_node))
-                        paths = {  # {file: PATH} names a file, it is not the secret
-                            id(value)
-                            for sub in subtree
-                            if isinstance(sub, MappingNode)
-                            for key, value in sub.value
-                            if isinstance(key, ScalarNode) and key.value == "file"
-                        }
-                        for sub in subtree:
-                            if isinstance(sub, ScalarNode) and id(sub) not in paths:
-                                self.remember_secret(str(sub.value))
+                    for child in (key_node, value_node):
+                        if not isinstance(child, ScalarNode) and id(child) not in seen:
+                            seen.add(id(child))
+                            pending.append(child)
+                    if not isinstance(key_node, ScalarNode):
+                        continue
+                    key = str(key_node.value)
+                    secret = verdicts.get(key)
+                    if secret is None:
+                        secret = verdicts[key] = _is_secret_key(key)
+                    if not secret:
+                        continue
+                    if isinstance(value_node, ScalarNode):
+                        self.remember_secret(str(value_node.value))
+                        continue
+                    subtree = list(_distinct_nodes(value_node))
+                    paths = {  # {file: PATH} names a file, it is not the secret
+                        id(value)
+                        for sub in subtree
+                        if isinstance(sub, MappingNode)
+                        for key, value in sub.value
+                        if isinstance(key, ScalarNode) and key.value == "file"
+                    }
+                    for sub in subtree:
+                        if isinstance(sub, ScalarNode) and id(sub) not in paths:
+                            self.remember_secret(str(sub.value))
+            elif isinstance(node, SequenceNode):
+                for child in node.value:
+                    if not isinstance(child, ScalarNode) and id(child) not in seen:
+                        seen.add(id(child))
+                        pending.append(child)
 
     def remember_secret(self, value: str | bytes) -> None:
         """Note a secret value so that no message can show it (see :attr:`problems`)."""
@@ -717,8 +933,10 @@ class _Loader:
         except _Invalid as exc:
             self.report(None, str(exc))
             return None
+        composed, root = _compose_fast(text)
         try:
-            root = yaml.compose(text, Loader=_YamlLoader)
+            if not composed:
+                root = yaml.compose(text, Loader=_YamlLoader)
         except _TooDeep as exc:
             self.report(exc.line, f"invalid YAML: nested more than {MAX_NESTING} levels deep")
             return None
@@ -740,7 +958,10 @@ class _Loader:
             return None
         if root is None:
             return MappingNode(_MAP_TAG, [])
-        shape = _shape_problem(root)
+        # A tree (no anchor, so no alias) has no recursion and adds no nodes, and the composer
+        # already refused nesting deeper than MAX_NESTING: only a graph with aliases is walked
+        # (an anchor's '&' starts a token; '&' in 'a=1&b=2' does not).
+        shape = _shape_problem(root) if _may_start_token(text, "&") else None
         if shape is not None:
             node, message = shape
             self.problem(node, "invalid YAML", message)
@@ -765,16 +986,23 @@ class _Loader:
         if node.tag != _MAP_TAG:
             self.problem(node, where, f"must be a plain mapping, not {_tag_name(node.tag)}")
             return None
-        explicit: set[str] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == _MERGE_TAG:
+        explicit: dict[str, tuple[Node, Node]] = {}
+        flatten = False  # merge keys to apply, or '=' keys to read as strings
+        for key_node, value_node in node.value:
+            tag = key_node.tag
+            if tag == _MERGE_TAG:
+                flatten = True
                 continue
-            if not isinstance(key_node, ScalarNode) or key_node.tag != _STR_TAG:
+            if not isinstance(key_node, ScalarNode) or tag != _STR_TAG:
+                flatten = flatten or tag == _VALUE_TAG
                 self.problem(key_node, where, "keys must be strings")
             elif key_node.value in explicit:
                 self.problem(key_node, where, f"key '{_clip(key_node.value)}' is given twice")
+                explicit[key_node.value] = (key_node, value_node)  # the last one counts
             else:
-                explicit.add(key_node.value)
+                explicit[key_node.value] = (key_node, value_node)
+        if not flatten:  # flatten_mapping would change nothing
+            return explicit
         try:
             self._constructor.flatten_mapping(node)
         except yaml.MarkedYAMLError as exc:
@@ -792,21 +1020,31 @@ class _Loader:
         entries = {} if node is None else self.mapping(node, where(""))
         if entries is None:
             return result
+        order, required = _spec_order(spec)
+        present = []
         for key, (key_node, _) in entries.items():
-            if key not in spec:
+            if key in spec:
+                present.append(key)
+            else:
                 self.problem(key_node, where(_clip(key)), self.unknown(key, tuple(spec)))
-        for name, spec_field in spec.items():
-            value_node = entries[name][1] if name in entries else None
+        # The fields given and the required ones, in the spec's order (that of the problems).
+        for name in sorted({*present, *required}, key=order.__getitem__):
+            spec_field = spec[name]
+            entry = entries.get(name)
+            if entry is None:  # absent: the default
+                self.problem(node, where(name), "missing (required)")
+                continue
+            value_node = entry[1]
             if spec_field.node:
                 if value_node is not None and value_node.tag != _NULL_TAG:
                     result.given.add(name)
                     result.values[name] = result.nodes[name] = value_node
                 continue
             try:
-                raw = None if value_node is None else self.value(value_node)
-                if value_node is None or raw is None:
+                raw = self.value(value_node)
+                if raw is None:
                     if spec_field.required:
-                        self.problem(value_node or node, where(name), "missing (required)")
+                        self.problem(value_node, where(name), "missing (required)")
                     continue
                 result.given.add(name)
                 result.nodes[name] = value_node
@@ -821,6 +1059,13 @@ class _Loader:
     def value(self, node: Node) -> Any:
         """The Python value of a node; any failure (a bad tag, a malformed scalar) is _Invalid
         naming the tag, never the value."""
+        # The common shapes first, as the constructor builds them: a string, a list of strings.
+        if isinstance(node, ScalarNode) and node.tag == _STR_TAG:
+            return node.value
+        if isinstance(node, SequenceNode) and node.tag == _SEQ_TAG:
+            items = node.value
+            if all(isinstance(item, ScalarNode) and item.tag == _STR_TAG for item in items):
+                return [item.value for item in items]
         for sub in _distinct_nodes(node):
             if sub.tag not in _KNOWN_TAGS:
                 raise _Invalid(
@@ -1217,11 +1462,16 @@ class _Loader:
 
     def check_destination(self, section: _Values, url: str, delivery: DeliveryConfig) -> None:
         """Refuse at load a URL whose host is a literal IP address the outbound policy refuses."""
-        parsed = parse_webhook_url(url)  # the converter accepted it
+        parsed = _parsed_url(url)  # the converter accepted it
         if not parsed.is_ip:
             return
-        policy = DestinationPolicy(delivery.allow_private_networks, delivery.allowed_networks)
-        refusal = policy.refusal(parsed.host)
+        if self._policy is None or self._policy[0] is not delivery:
+            policy = DestinationPolicy(delivery.allow_private_networks, delivery.allowed_networks)
+            self._policy = (delivery, policy, {})
+        _, policy, refusals = self._policy
+        if parsed.host not in refusals:
+            refusals[parsed.host] = policy.refusal(parsed.host)
+        refusal = refusals[parsed.host]
         if refusal is not None:
             message = f"{refusal} (see delivery.allow_private_networks and allowed_networks)"
             self.problem(section.nodes["url"], section.where("url"), message)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import unicodedata
@@ -33,6 +34,11 @@ MAX_URL_LENGTH: Final = 8192
 _ASCII_LABEL: Final = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 _NUMERIC_LABEL: Final = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
 _FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f-\x9f]")
+_AUTHORITY_END: Final = re.compile(r"[/?#]")
+_BRACKETED_NETLOC: Final = re.compile(r"\[[^\]]*\](?::[0-9]*)?")
+_QUOTED_ALREADY: Final = re.compile("[A-Za-z0-9_.~" + re.escape("-" + PATH_SAFE) + "]*")
+"""Text that ``quote(text, safe=PATH_SAFE)`` returns as it is (unreserved or safe ASCII)."""
+_IPV4_CHARS: Final = re.compile(r"[0-9.]+")  # all an IPv4 address in dotted form is made of
 
 
 class UrlError(ValueError):
@@ -89,18 +95,24 @@ def parse_webhook_url(url: str) -> WebhookUrl:
         raise UrlError("must be an absolute http:// or https:// URL")
     if parts.fragment or url.endswith("#"):
         raise UrlError("must not contain a fragment (#...): it is never sent")
-    if not parts.hostname:
+    hostname = parts.hostname
+    if not hostname:
         raise UrlError("must have a host")
     if port == 0:
         raise UrlError("port 0 is not a destination")
     bracketed = parts.netloc.startswith("[")
-    if bracketed and not re.fullmatch(r"\[[^\]]*\](?::[0-9]*)?", parts.netloc):
+    if bracketed and not _BRACKETED_NETLOC.fullmatch(parts.netloc):
         raise UrlError("an IPv6 address in brackets may only be followed by ':port'")
-    host, is_ip = _host(parts.hostname, bracketed)
-    target = quote(parts.path or "/", safe=PATH_SAFE)
+    host, is_ip = _host(hostname, bracketed)
+    target = _quote(parts.path or "/")
     if parts.query:
-        target = f"{target}?{quote(parts.query, safe=PATH_SAFE)}"
+        target = f"{target}?{_quote(parts.query)}"
     return WebhookUrl(parts.scheme, host, port or DEFAULT_PORTS[parts.scheme], target, is_ip)
+
+
+def _quote(text: str) -> str:
+    """``quote(text, safe=PATH_SAFE)``, without its work when nothing needs quoting."""
+    return text if _QUOTED_ALREADY.fullmatch(text) else quote(text, safe=PATH_SAFE)
 
 
 def _has_userinfo(url: str) -> bool:
@@ -109,12 +121,18 @@ def _has_userinfo(url: str) -> bool:
     rest = url.partition(":")[2]
     if not rest.startswith("//"):
         return False
-    authority = re.split(r"[/?#]", rest[2:], maxsplit=1)[0]
+    authority = _AUTHORITY_END.split(rest[2:], maxsplit=1)[0]
+    if authority.isascii():  # NFKC leaves ASCII as it is
+        return "@" in authority
     return "@" in unicodedata.normalize("NFKC", authority)
 
 
+@functools.lru_cache(maxsize=4096)
 def ascii_host(host: str) -> str:
-    """A domain name as lowercase ASCII (IDNA 2008 A-labels), or UrlError naming the fault."""
+    """A domain name as lowercase ASCII (IDNA 2008 A-labels), or UrlError naming the fault.
+
+    Results are remembered (a name is judged the same way every time; many webhooks share a
+    host, and IDNA is slow); a refused name is judged again each time."""
     name = host[:-1] if host.endswith(".") else host
     if not name:
         raise UrlError("the host name is empty")
@@ -139,10 +157,12 @@ def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
             return str(ipaddress.IPv6Address(hostname)), True
         except ValueError:
             raise UrlError(f"[{hostname}] is not an IPv6 address") from None
-    try:
-        return str(ipaddress.IPv4Address(hostname)), True
-    except ValueError:
-        return ascii_host(hostname), False
+    if _IPV4_CHARS.fullmatch(hostname):  # else not an IPv4 address: spare the exception
+        try:
+            return str(ipaddress.IPv4Address(hostname)), True
+        except ValueError:
+            pass
+    return ascii_host(hostname), False
 
 
 def _label(label: str, host: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import loader
 from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import (
@@ -21,6 +22,17 @@ from bridge.core.settings import (
 from bridge.core.webhook import Secret, Webhook
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, params=["libyaml", "pure"])
+def yaml_loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs twice: with libyaml composing (the pure loader taking over whatever it
+    declines), and with the pure-Python loader alone (PyYAML built without libyaml)."""
+    if request.param == "pure":
+        monkeypatch.setattr(loader, "FAST_YAML_LOADER", None)
+    elif loader.FAST_YAML_LOADER is None:
+        pytest.skip("PyYAML is built without libyaml here")
+    return str(request.param)
 
 
 def write(tmp_path: Path, text: str, name: str = "bridge.yaml") -> Path:
@@ -685,7 +697,7 @@ def deep(levels: int) -> str:
 def test_deep_and_recursive_documents_are_refused(tmp_path: Path, text: str, message: str) -> None:
     started = time.perf_counter()
     assert message in only_problem(write(tmp_path, text))
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0  # a guard against blow-ups, not a speed target
 
 
 def laughs(kind: str, levels: int = 9, width: int = 10) -> str:
@@ -720,7 +732,7 @@ def test_alias_bombs_are_refused_at_once(tmp_path: Path, kind: str, use: str) ->
     assert "invalid YAML: aliases would expand the document by more than 100000 nodes" in (
         only_problem(path)
     )
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0  # a guard against blow-ups, not a speed target
 
 
 def test_modest_sharing_through_aliases_is_fine(tmp_path: Path) -> None:
@@ -731,7 +743,7 @@ def test_modest_sharing_through_aliases_is_fine(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, text), {})
     assert [hook.id for hook in config.webhooks] == [f"hook-{n}" for n in range(2000)]
     assert {hook.url for hook in config.webhooks} == {"https://x.example/h"}
-    assert time.perf_counter() - started < 5.0
+    assert time.perf_counter() - started < 20.0  # a guard against blow-ups, not a speed target
 
 
 def test_an_unexpected_exception_names_only_its_type(
@@ -1190,3 +1202,126 @@ def test_receiver_tls_problems_name_the_field(
     ca.write_text("pem")
     text = webhook_yaml(**{k: v.replace("{ca}", str(ca)) for k, v in fields.items()})
     assert any(problem in line for line in problems_of(write(tmp_path, text))), problem
+
+
+# ---- many webhooks: what is remembered across webhooks changes no verdict ----------------------
+
+
+def test_each_webhook_on_a_refused_address_is_named(tmp_path: Path) -> None:
+    hooks = "".join(
+        f"  - {{id: h{n}, account: a, url: '{url}', events: [transaction.failed], secret: s}}\n"
+        for n, url in enumerate(
+            (
+                "http://10.0.0.1/a",
+                "http://10.0.0.1/b",
+                "https://10.0.0.1:8443/c",
+                "http://169.254.169.254/d",
+                "http://10.20.0.9/e",
+                "http://10.20.0.9/f",
+                "http://93.184.216.34/g",
+            )
+        )
+    )
+    text = "delivery: {allowed_networks: ['10.20.0.0/16']}\nwebhooks:\n" + hooks
+    path = write(tmp_path, text)
+    private = "10.0.0.1 is a private address (see delivery.allow_private_networks and allowed_"
+    assert problems_of(path) == [
+        f"{path}:3: webhook 'h0': field 'url': {private}networks)",
+        f"{path}:4: webhook 'h1': field 'url': {private}networks)",
+        f"{path}:5: webhook 'h2': field 'url': {private}networks)",
+        f"{path}:6: webhook 'h3': field 'url': 169.254.169.254 is a cloud metadata address "
+        "(see delivery.allow_private_networks and allowed_networks)",
+    ]
+    private_allowed = text.replace(
+        "allowed_networks: ['10.20.0.0/16']", "allow_private_networks: true"
+    )
+    assert problems_of(write(tmp_path, private_allowed)) == [
+        f"{path}:6: webhook 'h3': field 'url': 169.254.169.254 is a cloud metadata address "
+        "(see delivery.allow_private_networks and allowed_networks)",
+    ]
+
+
+def test_each_webhook_with_a_refused_url_is_named(tmp_path: Path) -> None:
+    bad = "https://a..example.com/hook"
+    hooks = "".join(
+        f"  - {{id: h{n}, account: a, url: '{bad}', events: [transaction.failed], secret: s}}\n"
+        for n in range(3)
+    )
+    path = write(tmp_path, "webhooks:\n" + hooks)
+    message = f"host {bad.split('/')[2]!r} has an empty label"
+    assert problems_of(path) == [
+        f"{path}:{n + 2}: webhook 'h{n}': field 'url': {message}" for n in range(3)
+    ]
+
+
+def test_a_large_file_loads_with_its_lines(tmp_path: Path) -> None:
+    hooks = "".join(
+        f"  - id: hook-{n}\n"
+        f"    account: acct_{n % 7}\n"
+        f"    url: https://h{n % 50}.example.com/hooks/{n}\n"
+        "    events: [transaction.success]\n"
+        "    secret: inline-secret\n"
+        for n in range(2000)
+    )
+    config = load_config(write(tmp_path, "webhooks:\n" + hooks), {})
+    assert [hook.id for hook in config.webhooks] == [f"hook-{n}" for n in range(2000)]
+    duplicate = (
+        hooks + "  - {id: hook-1999, account: a, url: 'https://x.example', events: "
+        "[transaction.failed], secret: s}\n"
+    )
+    path = write(tmp_path, "webhooks:\n" + duplicate)
+    assert problems_of(path) == [
+        f"{path}:10002: webhook 'hook-1999': field 'id': duplicate webhook id "
+        "(first defined on line 9997)"
+    ]
+
+
+def test_the_collector_is_left_as_it_was(tmp_path: Path) -> None:
+    import gc
+
+    good = write(tmp_path, "webhooks: []\n")
+    bad = write(tmp_path, "webhooks: [\n", "bad.yaml")
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            load_config(good, {})
+            assert gc.isenabled() is enabled
+            with pytest.raises(ConfigError):
+                load_config(bad, {})
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_libyaml_never_composes_deep_enough_to_crash(tmp_path: Path) -> None:
+    # libyaml's composer recurses in C: 100,000 levels overflow the C stack (a crash, no error).
+    for levels in (63, 64, 65, 200_000):
+        problems = problems_of(write(tmp_path, f"webhooks: {deep(levels)}\n"))
+        if levels < 64:  # (the webhooks list is level 2)
+            assert "nested more than" not in problems[0]
+        else:
+            assert problems == [
+                f"{tmp_path / 'bridge.yaml'}:1: invalid YAML: nested more than 64 levels deep"
+            ]
+
+
+@pytest.mark.parametrize(
+    ("text", "composed"),
+    [
+        ("webhooks: []\n", True),
+        ("webhooks: []", False),  # no line break at the end
+        ("webhooks: []\t\n", False),
+        ("webhooks: !!seq []\n", False),
+        ("a: !x\nwebhooks: []\n", False),
+        ("a: |\n  x\nwebhooks: []\n", False),
+        ("a: >\n  x\nwebhooks: []\n", False),
+        ("%YAML 1.1\n---\nwebhooks: []\n", False),
+        ("a: x\n\ufeffwebhooks: []\n", False),
+        ("a: pa!ss|wo>rd%\nwebhooks: []\n", True),
+        ("a: &x 1\nb: *x\nwebhooks: []\n", True),
+        ("webhooks: [\n", False),  # refused: the pure loader words the error
+    ],
+)
+def test_what_libyaml_composes(yaml_loader: str, text: str, composed: bool) -> None:
+    assert loader._compose_fast(text)[0] is (composed and yaml_loader == "libyaml")

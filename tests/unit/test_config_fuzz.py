@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bridge.config import loader
 from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
@@ -34,8 +37,9 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-"""The whole file runs in about 20 seconds."""
-SECONDS_PER_LOAD = 2.0  # generous for slow machines: a load takes milliseconds
+"""The whole file runs in about 20 seconds per YAML loader (libyaml, pure), and the comparisons of
+the two at the end in about 10."""
+SECONDS_PER_LOAD = 10.0  # a guard against blow-ups, not a speed target: a load takes ms
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,21 @@ class Files:
     config: Path
     secret: Path
     folder: Path
+
+
+LIBYAML = loader.FAST_YAML_LOADER
+"""The libyaml loader (None when PyYAML is built without it), whatever a test has set."""
+
+
+@pytest.fixture(scope="module", autouse=True, params=["libyaml", "pure"])
+def yaml_loader(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The whole file runs twice: libyaml composing (the pure loader taking over whatever it
+    declines), then the pure-Python loader alone (PyYAML built without libyaml)."""
+    if request.param == "libyaml" and LIBYAML is None:
+        pytest.skip("PyYAML is built without libyaml here")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "FAST_YAML_LOADER", LIBYAML if request.param == "libyaml" else None)
+        yield str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -614,3 +633,151 @@ def test_alias_bombs_are_refused_quickly(
     text = "\n".join(lines) + f"\nwebhooks: []\nretry: {{attempts: *a{levels - 1}}}\n"
     config = load(files, text.encode())
     assert config is None
+
+
+# ---- libyaml and the pure loader agree ---------------------------------------------------------
+#
+# libyaml composes the documents it accepts (and the pure loader takes over the rest): wherever it
+# composes, the node graph must be the pure loader's (kinds, tags, values, lines, shared nodes),
+# and a load must end the same either way, to the last word of every message.
+
+YAML_PIECES = (
+    *"ab1 :-?,[]{}#&*!|>'\"\\%@`\n\t.=~",
+    *("\n  ", "\n    ", "\n- ", ": ", "- ", "- - ", "? ", "---", "---\n", "...", "...\n"),
+    *("&a ", "&b ", "*a", "*b", "<<: ", "<<: *a\n", "&a [*a]", "!!str ", "!x ", "!", "%YAML 1.1\n"),
+    *(" #c", "#c\n", "\n\n", "   ", "\r", "\r\n", "\x85", "\u2028", "\u2029", "\ufeff", "é"),
+    *('"\\u00e9"', "'it''s'", '"\\/"', '"\\x41"', '"a\\\n  b"', "'a\n\n  b'", '"\\t"', '"\\N"'),
+    *("|\n  x\n", ">-\n  y\n", "|+\n\n", "|#c\n", "|2-\n   x\n", "? - a\n: - b\n"),
+    *("null", "~", "0x1f", "1e3", "1_000", "yes", "{a: [b, {c: d}]}", "[a: b]", "{? a}"),
+    *("http://x/?a=1&b=2", "x" * 1030, "é" * 600),
+)
+
+
+def same_graph(pure: yaml.Node | None, fast: yaml.Node | None) -> bool:
+    """Whether two node graphs are the same: kinds, tags, values, lines, and which nodes are one
+    (aliases, cycles included)."""
+    paired: dict[int, yaml.Node] = {}
+    pending = [(pure, fast)]
+    while pending:
+        a, b = pending.pop()
+        if a is None or b is None:
+            if a is not b:
+                return False
+            continue
+        if id(a) in paired:
+            if paired[id(a)] is not b:
+                return False
+            continue
+        paired[id(a)] = b
+        if type(a) is not type(b) or a.tag != b.tag or a.start_mark.line != b.start_mark.line:
+            return False
+        if isinstance(a, yaml.ScalarNode):
+            if a.value != b.value:
+                return False
+            continue
+        if len(a.value) != len(b.value):
+            return False
+        if isinstance(a, yaml.MappingNode):
+            for (key_a, value_a), (key_b, value_b) in zip(a.value, b.value, strict=True):
+                pending += [(key_a, key_b), (value_a, value_b)]
+        else:
+            pending += zip(a.value, b.value, strict=True)
+    return True
+
+
+def check_libyaml_composes_as_pure(text: str) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "FAST_YAML_LOADER", LIBYAML)
+        composed, fast = loader._compose_fast(text)
+    if not composed:
+        return
+    try:
+        pure = yaml.compose(text, Loader=loader._YamlLoader)
+    except yaml.YAMLError as exc:
+        raise AssertionError(f"libyaml composed what PyYAML refuses ({exc}): {text!r}") from None
+    assert same_graph(pure, fast), f"libyaml composed otherwise: {text!r}"
+
+
+def load_outcome(files: Files, data: bytes, fast: type[yaml.CSafeLoader] | None) -> object:
+    """What loading ``data`` ends in: the Config, or the problems."""
+    files.config.write_bytes(data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "FAST_YAML_LOADER", fast)
+        try:
+            return load_config(files.config, ENVIRON)
+        except ConfigError as error:
+            return error.problems
+
+
+def check_loads_agree(files: Files, data: bytes) -> None:
+    assert load_outcome(files, data, LIBYAML) == load_outcome(files, data, None), data
+
+
+@st.composite
+def block_documents(draw: st.DrawFn) -> str:
+    """Block-style YAML: nested mappings and lists, indentless and compact lists, explicit keys,
+    empty values, anchors, aliases and merges, comments, multi-line scalars, odd indents."""
+    anchors: list[str] = []
+    lines: list[str] = []
+
+    def scalar() -> str:
+        return draw(
+            st.sampled_from(
+                (
+                    "a",
+                    "b c",
+                    "1",
+                    "~",
+                    "",
+                    "'q ''x'''",
+                    '"d\\te"',
+                    "x # c",
+                    "https://h.example/p?a=1&b=2",
+                    "[1, a]",
+                    "{k: v}",
+                    "a:b",
+                    "-x",
+                    "*a" if anchors else "z",
+                )
+            )
+        )
+
+    def node(indent: int, depth: int) -> None:
+        kind = draw(st.integers(0, 3)) if depth < 4 else 0
+        pad = " " * indent
+        if kind <= 1:  # a mapping
+            for key in draw(st.lists(st.sampled_from(("id", "url", "k", "<<", "? q")), max_size=4)):
+                anchor = ""
+                if draw(st.integers(0, 9)) == 0:
+                    anchor = f"&a{len(anchors)} "
+                    anchors.append(f"a{len(anchors)}")
+                if key == "<<" and anchors:
+                    lines.append(f"{pad}<<: *{draw(st.sampled_from(anchors))}")
+                elif key == "? q":
+                    lines.append(f"{pad}? {scalar()}")
+                    if draw(st.booleans()):
+                        lines.append(f"{pad}: {scalar()}")
+                elif draw(st.booleans()):
+                    lines.append(f"{pad}{key}: {anchor}{scalar()}".rstrip())
+                else:
+                    lines.append(f"{pad}{key}: {anchor}".rstrip())
+                    node(indent + draw(st.sampled_from((0, 1, 2, 4))), depth + 1)
+                if draw(st.integers(0, 7)) == 0:
+                    lines.append(draw(st.sampled_from(("", "# c", f"{pad}# c", f"{pad}  more"))))
+        elif kind == 2:  # a list
+            for _ in range(draw(st.integers(0, 3))):
+                if draw(st.booleans()):
+                    lines.append(f"{pad}- {scalar()}".rstrip())
+                elif draw(st.booleans()):
+                    lines.append(f"{pad}- k: {scalar()}".rstrip())
+                    lines.append(f"{pad}  j: {scalar()}".rstrip())
+                else:
+                    lines.append(f"{pad}-")
+                    node(indent + draw(st.sampled_from((1, 2, 3))), depth + 1)
+        else:
+            lines.append(f"{pad}{scalar()}")
+
+    if draw(st.booleans()):
+        lines.append("---")
+    node(0, 0)
+    return "\n".join(lines) + draw(st.sampled_from(("\n", "\n...\n", "\n\n", "", "\r\n")))

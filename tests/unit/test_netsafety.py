@@ -14,10 +14,12 @@ import datetime
 import io
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from aiohttp import web
@@ -34,6 +36,7 @@ from bridge.core.destinations import (
     DestinationPolicy,
 )
 from bridge.core.errors import DestinationRefusedError
+from bridge.core.urls import PATH_SAFE, UrlError, _has_userinfo, _host, _quote, ascii_host
 from bridge.http.client import HttpClient, HttpError
 from bridge.http.resolver import SafeResolver
 
@@ -640,3 +643,50 @@ def test_literal_addresses_are_checked_by_the_policy_too() -> None:
             await post(url, DestinationPolicy())
 
     asyncio.run(with_server(scenario))
+
+
+# ---- the URL checks' shortcuts (bridge.core.urls) judge as the long way does ------------------
+
+HOST_CHARS = st.sampled_from(
+    [*"0123456789.", *"abcxz-_", "xn--", "ß", "ü", "\u0661", "\u0663", "\uff21", "@"]
+)
+
+
+@given(st.text(max_size=30))
+def test_quoting_shortcut_matches_quote(text: str) -> None:
+    assert _quote(text) == quote(text, safe=PATH_SAFE)
+
+
+@given(st.text(max_size=30), st.sampled_from(["http://", "https://", "http:", "x"]))
+def test_userinfo_shortcut_matches_the_normalised_check(text: str, scheme: str) -> None:
+    url = scheme + text
+    rest = url.partition(":")[2]
+    authority = re.split(r"[/?#]", rest[2:], maxsplit=1)[0]
+    expected = rest.startswith("//") and "@" in unicodedata.normalize("NFKC", authority)
+    assert _has_userinfo(url) == expected
+
+
+def judged(judge: Callable[[], object]) -> object:
+    try:
+        return judge()
+    except UrlError as exc:
+        return ("refused", str(exc))
+
+
+@given(st.lists(HOST_CHARS, min_size=1, max_size=12).map("".join))
+def test_host_shortcuts_match_the_long_way(hostname: str) -> None:
+    def long_way() -> tuple[str, bool]:
+        try:
+            return str(ipaddress.IPv4Address(hostname)), True
+        except ValueError:
+            return ascii_host.__wrapped__(hostname), False
+
+    assert judged(lambda: _host(hostname, False)) == judged(long_way)
+    assert judged(lambda: _host(hostname, False)) == judged(long_way)  # remembered alike
+
+
+def test_a_refused_host_name_is_refused_every_time() -> None:
+    for _ in range(3):
+        with pytest.raises(UrlError, match="has an empty label"):
+            ascii_host("a..example")
+    assert ascii_host("Bücher.Example") == ascii_host("bücher.example") == "xn--bcher-kva.example"
