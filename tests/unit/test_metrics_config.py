@@ -15,9 +15,7 @@ from bridge.ops.metrics import Metrics
 def _config(tmp_path: Path, metrics: str) -> Path:
     path = tmp_path / "bridge.yaml"
     path.write_text(
-        'kafka: {bootstrap_servers: "127.0.0.1:9092"}\n'
-        f"metrics: {metrics}\n"
-        "webhooks: []\n"
+        f'kafka: {{bootstrap_servers: "127.0.0.1:9092"}}\nmetrics: {metrics}\nwebhooks: []\n'
     )
     return path
 
