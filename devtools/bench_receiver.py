@@ -1,9 +1,15 @@
 """A fast webhook receiver for the benchmark, run in its own process.
 
-It answers by path prefix: ``/ok`` 200, ``/fail`` 500, ``/retry`` 500 to the first ``--fail-first``
-requests of each ``webhook-id`` then 200, ``/hang`` never answers. It logs every request as
-(arrival time, path, webhook-id, status) in memory; ``GET /__stats`` returns counts and
+It answers by path prefix: ``/ok`` 200, ``/close`` 200 and closes the connection (``Connection:
+close``, as a receiver that keeps no connection open), ``/fail`` 500, ``/retry`` 500 to the first
+``--fail-first`` requests of each ``webhook-id`` then 200, ``/hang`` never answers. It logs every
+request as (arrival time, path, webhook-id, status) in memory; ``GET /__stats`` returns counts and
 ``POST /__dump`` writes the log as JSON lines to ``--out`` and clears it.
+
+With ``--tls-port`` and ``--tls-cert`` (a PEM file holding the key and the certificate chain) the
+same application is also served over TLS on that port (``devtools.bench_https`` makes the
+certificate, from a private CA made for the run). TLS session tickets are on (OpenSSL's default):
+a client may resume its sessions.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import time
 from collections import Counter
 
@@ -44,7 +51,10 @@ class BenchReceiver:
         if status == 200:
             self.received += 1
         self.log.append((time.time(), path, message_id, status))
-        return web.Response(status=status)
+        response = web.Response(status=status)
+        if path.startswith("/close"):
+            response.force_close()  # answers with Connection: close, then closes
+        return response
 
     async def stats(self, _request: web.Request) -> web.Response:
         return web.json_response({"received": self.received, "requests": len(self.log)})
@@ -60,29 +70,54 @@ class BenchReceiver:
         return web.json_response({"written": count})
 
 
+def make_app(receiver: BenchReceiver) -> web.Application:
+    """The receiver's routes: statistics, the log dump, and every other path answered."""
+    app = web.Application()
+    app.router.add_get("/__stats", receiver.stats)
+    app.router.add_post("/__dump", receiver.dump)
+    app.router.add_route("*", "/{tail:.*}", receiver.handle)
+    return app
+
+
+def server_context(cert_file: str) -> ssl.SSLContext:
+    """The TLS server context: the key and chain from ``cert_file`` (one PEM file)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file)
+    return context
+
+
+async def serve(
+    app: web.Application, port: int, tls_port: int = 0, tls_cert: str | None = None
+) -> None:
+    """Serve ``app`` over HTTP on ``port``, and over TLS with ``tls_cert`` on ``tls_port`` when
+    both are given, until cancelled."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    if tls_port and tls_cert:
+        site = web.TCPSite(runner, "127.0.0.1", tls_port, ssl_context=server_context(tls_cert))
+        await site.start()
+    try:
+        await asyncio.Event().wait()  # until killed
+    finally:
+        await runner.cleanup()
+
+
 def main() -> None:
     """Serve until killed."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-first", type=int, default=1)
+    parser.add_argument("--tls-port", type=int, default=0, help="also serve over TLS here")
+    parser.add_argument("--tls-cert", help="PEM file: the key and the certificate chain")
     args = parser.parse_args()
-    receiver = BenchReceiver(args.fail_first, args.out)
-    app = web.Application()
-    app.router.add_get("/__stats", receiver.stats)
-    app.router.add_post("/__dump", receiver.dump)
-    app.router.add_route("*", "/{tail:.*}", receiver.handle)
+    if args.tls_port and not args.tls_cert:
+        parser.error("--tls-port needs --tls-cert")
+    app = make_app(BenchReceiver(args.fail_first, args.out))
     import uvloop
 
-    web.run_app(
-        app,
-        loop=uvloop.new_event_loop(),
-        host="127.0.0.1",
-        port=args.port,
-        access_log=None,
-        print=None,
-        handler_cancellation=True,
-    )
+    uvloop.run(serve(app, args.port, args.tls_port, args.tls_cert))
 
 
 if __name__ == "__main__":

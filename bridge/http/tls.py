@@ -1,15 +1,92 @@
 """TLS contexts for deliveries: one per distinct :class:`~bridge.core.webhook.TlsSettings`, made
 once and shared by every connection that uses it (the system store, plus the setting's CA file,
-client certificate and least version)."""
+client certificate and least version).
+
+Each context resumes TLS sessions (:class:`ResumingContext`): a new connection to a host offers the
+session (ticket) of an earlier full handshake with that host through the same context, so a
+receiver that closes its connections after each answer costs an abbreviated handshake rather than
+a full one (no certificate sent, parsed and verified). A session is offered only to the host name
+it was verified for, only through the context (trust store, client certificate, least version)
+that verified it, and for at most :data:`SESSION_MAX_AGE` seconds (less if its ticket says so): it
+always comes from a full handshake, never from a resumed one, so the receiver's certificate is
+verified again at least that often. A receiver that does not accept the ticket simply makes a full
+handshake.
+"""
 
 from __future__ import annotations
 
+import os
 import ssl
+import sys
+import time
 from typing import Final
 
 from bridge.core.webhook import TlsSettings
 
 VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+SESSION_MAX_AGE: Final = 300.0
+"""Seconds a session is offered for resumption at most, counted from its full handshake."""
+_MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts again
+
+
+class ResumingContext(ssl.SSLContext):
+    """A verifying client context that resumes sessions: per host name, the session of the last
+    full handshake whose ticket is still young is offered by each new connection (see the module
+    docstring). Works through :meth:`wrap_bio`, which asyncio's and uvloop's TLS transports call
+    for every connection; the client hands sessions back with :meth:`keep_session`."""
+
+    def __init__(self, protocol: int = ssl.PROTOCOL_TLS_CLIENT) -> None:  # (for __new__)
+        super().__init__()
+        # host name -> (monotonic time the entry ends, the session; None: the host gave none
+        # that can be resumed)
+        self._sessions: dict[str | bytes, tuple[float, ssl.SSLSession | None]] = {}
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        if session is None and not server_side and server_hostname is not None:
+            kept = self._sessions.get(server_hostname)
+            if kept is not None:
+                if kept[0] > time.monotonic():
+                    session = kept[1]
+                else:
+                    del self._sessions[server_hostname]
+        return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+
+    def wants_session(self, host: str) -> bool:
+        """Whether a connection to ``host`` should hand its session to :meth:`keep_session`: none
+        is kept for it, or its time is up. Cheap, unlike reading a session."""
+        kept = self._sessions.get(host)
+        return kept is None or kept[0] <= time.monotonic()
+
+    def keep_session(self, host: str, connection: ssl.SSLObject) -> bool:
+        """Offer the session of ``connection`` (made through this context with server name
+        ``host``) to new connections to ``host`` if its handshake was a full one and the server
+        gave a session ticket (TLS 1.3 or 1.2; sessions resumed by a TLS 1.2 session id alone are
+        not, servers rarely keep them). Returns whether it was kept; without a ticket, none is
+        offered to ``host`` and none wanted from it for as long as a session would have been.
+        Call it once the connection has read data from the server: a TLS 1.3 ticket arrives
+        after the handshake."""
+        if connection.session_reused or connection.server_side:
+            return False
+        session = connection.session  # a copy of the session, as its ticket now stands
+        resumable = session is not None and session.has_ticket
+        lifetime = SESSION_MAX_AGE
+        if session is not None and resumable and session.ticket_lifetime_hint > 0:
+            lifetime = min(lifetime, session.ticket_lifetime_hint)
+        if len(self._sessions) >= _MAX_HOSTS and host not in self._sessions:
+            self._sessions.clear()
+        self._sessions[host] = (time.monotonic() + lifetime, session if resumable else None)
+        return resumable
+
+    def forget_sessions(self) -> None:
+        """Offer no kept session any more: the next connection to each host is a full handshake."""
+        self._sessions.clear()
 
 
 class TlsError(Exception):
@@ -17,8 +94,13 @@ class TlsError(Exception):
 
 
 def make_context(settings: TlsSettings) -> ssl.SSLContext:
-    """A verifying client context for ``settings``; TlsError when a file cannot be used."""
-    context = ssl.create_default_context()
+    """A verifying client context for ``settings``, resuming sessions; TlsError when a file
+    cannot be used. Set up as :func:`ssl.create_default_context` sets a client context up."""
+    context = ResumingContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and host name
+    context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    keylog = os.environ.get("SSLKEYLOGFILE")  # as create_default_context: for debugging
+    if keylog and not sys.flags.ignore_environment:
+        context.keylog_filename = keylog
     context.minimum_version = VERSIONS[settings.min_version]
     try:
         if settings.ca_file is not None:

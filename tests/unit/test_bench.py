@@ -206,3 +206,98 @@ def test_an_unknown_neighbour_is_refused_before_anything_starts(tmp_path: Any) -
 
 def test_quick_sizes_shrink_the_neighbour_backlog() -> None:
     assert Sizes().neighbour_backlog == 20_000 and QUICK.neighbour_backlog == 1_000
+
+
+# ---- HTTPS (devtools.bench_https) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_openssl", [False, True])
+def test_the_run_certificate_is_trusted_through_its_ca_file_and_close_paths_close(
+    tmp_path: Any, use_openssl: bool
+) -> None:
+    """The run's private CA (cryptography, or the openssl command) makes a certificate the
+    receiver serves over TLS, which the bridge's client trusts through the CA file alone;
+    ``/ok`` keeps the connection, ``/close`` answers Connection: close."""
+    import asyncio
+    import shutil
+
+    from aiohttp import web
+
+    from bridge.core.destinations import DestinationPolicy
+    from bridge.core.webhook import TlsSettings
+    from bridge.http.client import HttpClient, HttpError
+    from bridge.http.resolver import SafeResolver
+    from bridge.http.tls import make_context
+    from devtools.bench_https import make_certificates
+    from devtools.bench_receiver import BenchReceiver, make_app, server_context
+
+    if use_openssl and shutil.which("openssl") is None:
+        pytest.skip("no openssl command")
+    certs = make_certificates(tmp_path, use_openssl=use_openssl)
+    assert certs.made_with == ("openssl" if use_openssl else "cryptography")
+    receiver = BenchReceiver(0, str(tmp_path / "log.jsonl"))
+
+    async def scenario() -> None:
+        runner = web.AppRunner(make_app(receiver))
+        await runner.setup()
+        tls = server_context(str(certs.server_file))
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls).start()
+        base = f"https://127.0.0.1:{runner.addresses[0][1]}"
+        http = HttpClient(SafeResolver(DestinationPolicy(allow_private=True)))
+        trusting = make_context(TlsSettings(ca_file=str(certs.ca_file)))
+        try:
+            assert await http.post(f"{base}/ok/a", {}, b"{}", 5, trusting) == 200
+            assert sum(len(pool) for pool in http._pools.values()) == 1  # kept alive
+            assert await http.post(f"{base}/close/a", {}, b"{}", 5, trusting) == 200
+            assert not any(http._pools.values())  # that connection was closed after the answer
+            with pytest.raises(HttpError) as caught:  # the system store alone does not trust it
+                await http.post(f"{base}/ok/a", {}, b"{}", 5)
+            assert caught.value.kind == "tls_error"
+        finally:
+            await http.close()
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    assert receiver.received == 2
+    assert [entry[1] for entry in receiver.log] == ["/ok/a", "/close/a"]
+
+
+def test_https_webhooks_trust_the_run_ca_by_configuration(tmp_path: Any) -> None:
+    from devtools.bench_https import Certificates, TlsReceiver, connection_path
+
+    certs = Certificates(tmp_path / "ca.pem", tmp_path / "server.pem", "cryptography")
+    receiver = TlsReceiver(Stage("127.0.0.1:9", tmp_path), certs)
+    hook = receiver.hook("h", connection_path(True, "x"))
+    assert hook["url"] == f"https://127.0.0.1:{receiver.port}/close/x"
+    assert hook["tls_ca_file"] == str(tmp_path / "ca.pem")
+    assert connection_path(False, "x") == "/ok/x"
+    assert receiver.port != receiver.stage.receiver_port
+
+
+def test_https_rounds_keep_their_median_spread_and_rounds() -> None:
+    from devtools.bench_https import with_spread
+
+    rounds = [{"connection": "close", "deliveries_per_s": rate} for rate in (300, 500, 400)]
+    summary = with_spread(rounds, ("deliveries_per_s",))
+    assert summary["deliveries_per_s"] == 400
+    assert summary["spread"] == {"deliveries_per_s": [300, 500]}
+    assert summary["connection"] == "close" and summary["rounds"] == rounds
+    assert '"round_deliveries_per_s": [300, 500, 400]' in render({"machine": {}, "x": summary})
+
+
+def test_https_targets() -> None:
+    from devtools.bench_https import HTTPS_QUICK, HTTPS_TARGETS, HttpsSizes
+
+    results: dict[str, dict[str, float]] = {
+        "raw_https_keepalive": {"requests_per_s": 10_000},
+        "https_keepalive": {"deliveries_per_s": 8_000},
+        "raw_https_close": {"requests_per_s": 1_000},
+        "https_close": {"deliveries_per_s": 799},
+        "https_churn": {"peak_rss_mb": 149.9},
+    }
+    verdicts = {name: check(results) for name, check in HTTPS_TARGETS.items()}
+    assert list(verdicts.values()) == [True, False, True]
+    results["https_churn"]["peak_rss_mb"] = 150.0
+    assert not HTTPS_TARGETS["peak RSS under TLS connection churn < 150 MB"](results)
+    assert HttpsSizes().churn_records == 100_000 and HttpsSizes().rounds == 3
+    assert HTTPS_QUICK.churn_records < HttpsSizes().churn_records

@@ -347,3 +347,104 @@ def test_a_connection_idle_longer_than_the_idle_timeout_is_not_reused() -> None:
 
     asyncio.run(scenario())
     assert server.connections == 2
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_a_closed_tls_connection_is_freed_at_once_not_by_the_garbage_collector(
+    event_loop: str,
+) -> None:
+    """Issue 22: a receiver closing after each answer over TLS. Each dead connection must be
+    freed by reference counting when it is lost, its TLS state with it (a read buffer of 256 KB
+    and OpenSSL's objects), not wait in a reference cycle for the cyclic garbage collector: under
+    churn hundreds waited at a time, and the C allocator kept the memory they had used."""
+    import gc
+    import weakref
+
+    import uvloop
+
+    authority = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(server_context)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    http = client(ssl_context=trusting)
+    watched: list[weakref.ref[object]] = []
+
+    async def one_answer(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        for connection in http._live:  # the client's end of this exchange, and its TLS object
+            watched.append(weakref.ref(connection))
+            assert connection.transport is not None
+            watched.append(weakref.ref(connection.transport.get_extra_info("ssl_object")))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+
+    server = Server(one_answer, tls=server_context)
+
+    async def scenario() -> None:
+        async def test(url: str) -> None:
+            for _ in range(3):
+                assert await http.post(url, HEADERS, b"{}", 5) == 200
+                await wait_for(lambda: not http._live)
+            await asyncio.sleep(0.05)  # the transports finish closing
+            await http.close()
+
+        await serve(server, test)
+
+    gc.collect()
+    gc.disable()  # only reference counting may free them
+    try:
+        (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
+        assert len(watched) == 6
+        assert [ref() for ref in watched] == [None] * 6
+    finally:
+        gc.enable()
+    assert server.connections == 3
+
+
+def test_glibc_is_asked_to_give_memory_back_every_so_many_tls_connections_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 22: a free block in the middle of a heap goes back to the system only when glibc
+    trims its heaps; under TLS connection churn the client has it trim every TRIM_EVERY TLS
+    connections closed (here every 2), and never for plain HTTP ones."""
+    from bridge.http import client as module
+
+    if module._LIBC is None:
+        pytest.skip("not glibc")
+    monkeypatch.setattr(module, "TRIM_EVERY", 2)
+    monkeypatch.setattr(module.TRIMMER, "closed", 0)
+    authority = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(server_context)
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+
+    async def one_answer(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server
+    ) -> None:
+        await s.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+
+    def trims_after(connections: int, tls: ssl.SSLContext | None) -> int:
+        before = module.TRIMMER.trims
+        http = client(ssl_context=trusting)
+
+        async def scenario() -> None:
+            async def test(url: str) -> None:
+                for _ in range(connections):
+                    assert await http.post(url, HEADERS, b"{}", 5) == 200
+                    await wait_for(lambda: not http._live)  # closed
+                await http.close()
+
+            await serve(Server(one_answer, tls=tls), test)
+
+        asyncio.run(scenario())
+        return module.TRIMMER.trims - before
+
+    assert trims_after(5, None) == 0  # plain HTTP connections are not counted
+    assert trims_after(5, server_context) == 2  # the 2nd and the 4th TLS connection closed
+    assert module.TRIMMER.closed == 1

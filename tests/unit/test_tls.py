@@ -1,10 +1,12 @@
 """Receiver TLS settings against real TLS servers on loopback with a private CA (trustme): a CA
 file added to the system store, client certificates for mutual TLS, the least TLS version; a
-wrong CA or a missing client certificate is a not-received attempt with reason tls_error."""
+wrong CA or a missing client certificate is a not-received attempt with reason tls_error. TLS
+sessions are resumed per host name and setting, from full handshakes only, for a while."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from pathlib import Path
 
@@ -13,8 +15,9 @@ import trustme
 
 from bridge.core.destinations import DestinationPolicy
 from bridge.core.webhook import TlsSettings
+from bridge.http import tls
 from bridge.http.sender import DeliveryRequest, HttpSender, Outcome
-from bridge.http.tls import TlsError, make_context
+from bridge.http.tls import ResumingContext, TlsError, make_context
 
 ANSWER = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
 
@@ -131,3 +134,159 @@ def test_unusable_tls_files_are_a_tls_error_naming_the_file(tmp_path: Path) -> N
     (outcome,), _ = deliver(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH), [settings])
     assert (outcome.status, outcome.error) == (None, "tls_error")
     assert "garbage.pem" in outcome.detail
+
+
+CLOSING_ANSWER = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def deliver_closing(
+    context: ssl.SSLContext, requests: list[tuple[str, TlsSettings]]
+) -> tuple[list[Outcome], list[bool]]:
+    """Send each (host, setting) in turn to a TLS server that answers 204 and closes; returns the
+    outcomes and, per connection, whether the server saw it resume a session."""
+    resumed: list[bool] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        resumed.append(writer.get_extra_info("ssl_object").session_reused)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(2)
+            writer.write(CLOSING_ANSWER)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        writer.close()
+
+    async def main() -> list[Outcome]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+        port = server.sockets[0].getsockname()[1]
+        sender = HttpSender(DestinationPolicy(allow_private=True))
+        try:
+            return [
+                await sender.send(DeliveryRequest(f"https://{host}:{port}/h", {}, b"{}", tls), 3.0)
+                for host, tls in requests
+            ]
+        finally:
+            await sender.close()
+            server.close()
+
+    return asyncio.run(main()), resumed
+
+
+def test_sessions_are_resumed_per_host_name_and_setting(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """A receiver closing after each answer: the next connection resumes the session of the
+    first full handshake, but only to the same host name through the same setting."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    first = TlsSettings(ca_file=files["ca"])
+    other = TlsSettings(ca_file=files["ca"], min_version="TLSv1.3")  # another context
+    outcomes, resumed = deliver_closing(
+        context,
+        [
+            ("127.0.0.1", first),
+            ("127.0.0.1", first),
+            ("127.0.0.1", first),
+            ("localhost", first),  # another host name: a full handshake, then resumed
+            ("localhost", first),
+            ("127.0.0.1", other),
+            ("127.0.0.1", other),
+        ],
+    )
+    assert [o.status for o in outcomes] == [204] * 7
+    assert resumed == [False, True, True, False, True, False, True]
+
+
+def test_sessions_are_not_offered_once_their_time_is_up(
+    ca: trustme.CA, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tls, "SESSION_MAX_AGE", 0.0)  # every kept session is already too old
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    settings = TlsSettings(ca_file=files["ca"])
+    outcomes, resumed = deliver_closing(context, [("127.0.0.1", settings)] * 3)
+    assert [o.status for o in outcomes] == [204] * 3
+    assert resumed == [False, False, False]
+
+
+class MemoryEnd:
+    """One end of a TLS connection over memory buffers (no socket)."""
+
+    def __init__(self, context: ssl.SSLContext, server_side: bool, host: str | None = None):
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(
+            self.incoming, self.outgoing, server_side=server_side, server_hostname=host
+        )
+
+
+def connect(client: MemoryEnd, server: MemoryEnd) -> ssl.SSLObject:
+    """Run the handshake between two ends, then send one byte from the server (a TLS 1.3 ticket
+    comes after the handshake, before that byte); returns the client's TLS object."""
+    for _ in range(4):
+        for end in (client, server):
+            with contextlib.suppress(ssl.SSLWantReadError):  # waiting for the other end
+                end.tls.do_handshake()
+        server.incoming.write(client.outgoing.read())
+        client.incoming.write(server.outgoing.read())
+    server.tls.write(b"x")
+    client.incoming.write(server.outgoing.read())
+    assert client.tls.read(1) == b"x"
+    return client.tls
+
+
+def test_only_a_full_handshake_gives_the_session_to_keep(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """A resumed connection's session is never kept: each kept session comes from a handshake
+    that verified the certificate, so it is verified again at least every SESSION_MAX_AGE."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = make_context(TlsSettings(ca_file=files["ca"]))
+    assert isinstance(client, ResumingContext)
+    assert client.wants_session("127.0.0.1")
+    full = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    assert not full.session_reused
+    assert client.keep_session("127.0.0.1", full)
+    assert not client.wants_session("127.0.0.1")
+    resumed = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    assert resumed.session_reused
+    assert not client.keep_session("127.0.0.1", resumed)
+    client.forget_sessions()
+    assert client.wants_session("127.0.0.1")
+    fresh = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    assert not fresh.session_reused
+
+
+def test_a_host_giving_no_ticket_is_not_asked_again_for_a_while(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """A server that gives no session ticket (TLS 1.3 or 1.2): nothing is offered, and its
+    sessions are not read again (reading one costs time) until SESSION_MAX_AGE passes. A TLS 1.2
+    server that gives tickets is resumed like a TLS 1.3 one."""
+    no_tickets_13 = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    no_tickets_13.num_tickets = 0
+    no_tickets_12 = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    no_tickets_12.maximum_version = ssl.TLSVersion.TLSv1_2
+    no_tickets_12.options |= ssl.OP_NO_TICKET
+    tickets_12 = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tickets_12.maximum_version = ssl.TLSVersion.TLSv1_2
+    client = make_context(TlsSettings(ca_file=files["ca"]))
+    assert isinstance(client, ResumingContext)
+    for host, server, version in [
+        ("127.0.0.1", no_tickets_13, "TLSv1.3"),
+        ("localhost", no_tickets_12, "TLSv1.2"),
+    ]:
+        ca.issue_cert(host).configure_cert(server)
+        first = connect(MemoryEnd(client, False, host), MemoryEnd(server, True))
+        assert first.version() == version
+        assert not client.keep_session(host, first)
+        assert not client.wants_session(host)
+        assert not connect(MemoryEnd(client, False, host), MemoryEnd(server, True)).session_reused
+    ca.issue_cert("h12.example").configure_cert(tickets_12)
+    first = connect(MemoryEnd(client, False, "h12.example"), MemoryEnd(tickets_12, True))
+    assert first.version() == "TLSv1.2"
+    assert client.keep_session("h12.example", first)
+    assert connect(
+        MemoryEnd(client, False, "h12.example"), MemoryEnd(tickets_12, True)
+    ).session_reused
