@@ -100,7 +100,9 @@ class App:
         )
         self.stop_requested = asyncio.Event()
         self.clean = True  # False when shutdown had to leave something behind at the deadline
-        self.watcher = ConfigWatcher(config, self._apply, self._rejected)
+        # Loaded in a child process: parsing 10,000 webhooks in a thread held the interpreter
+        # lock, and so every delivery, for seconds (bridge/config/reload.py).
+        self.watcher = ConfigWatcher(config, self._apply, self._rejected, isolated=True)
 
     def _on_stats(self, stats_json: str) -> None:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
@@ -123,6 +125,22 @@ class App:
         """The ``config`` part of ``/readyz``: whether the file on disk is the one in force."""
         rejected = self.watcher.rejected
         return {"path": str(self.config.path), "in_force": not rejected, "rejected": rejected}
+
+    def status(self) -> dict[str, object]:
+        """The body of ``/status``: the engine's per-webhook detail and totals, and the
+        configuration in force (never its secrets: a path, counts and times)."""
+        body: dict[str, object] = self.pipeline.status()
+        watcher = self.watcher
+        rejected = watcher.rejected
+        body["config"] = {
+            "path": str(self.config.path),
+            "webhooks": len(watcher.current.webhooks),
+            "generation": watcher.generation,
+            "applied_at": round(watcher.applied_at, 3),
+            "in_force": not rejected,
+            "rejected_problems": len(rejected),
+        }
+        return body
 
     def _apply(self, config: Config) -> None:
         """Apply a reloaded configuration (raising leaves the old one in force: the watcher
@@ -158,7 +176,11 @@ class App:
             loop.add_signal_handler(sig, self.request_stop)
         runner = await start_health_server(
             health_app(
-                self.registry, lambda: self.pipeline.last_loop, self.readiness, self.config_state
+                self.registry,
+                lambda: self.pipeline.last_loop,
+                self.readiness,
+                self.config_state,
+                self.status,
             ),
             self.config.metrics.host,
             self.config.metrics.port,

@@ -309,6 +309,37 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
     return EXIT_OK if count == len(letters) else EXIT_FAILED
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Fetch ``/status`` from a running bridge and print it: a table, or the JSON (``--json``)."""
+    import json
+
+    from bridge.ops.status import StatusError, fetch_status, render_status
+
+    base = args.url or _status_base(args)
+    try:
+        body = fetch_status(base, args.timeout)
+    except StatusError as exc:
+        raise CliError(
+            str(exc),
+            hint="is `bridge run` listening there? pass --url http://HOST:PORT "
+            "(its metrics.host and metrics.port)",
+        ) from None
+    print(json.dumps(body, indent=2) if args.json else render_status(body))
+    return EXIT_OK
+
+
+def _status_base(args: argparse.Namespace) -> str:
+    """The operator address of the configuration given (``-c``/``$BRIDGE_CONFIG``), on this
+    machine; the default port on this machine without one."""
+    from bridge.ops.status import DEFAULT_URL
+
+    if not (args.config or os.environ.get(CONFIG_ENV)):
+        return DEFAULT_URL
+    metrics = load_config_argument(args).metrics
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(metrics.host, metrics.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{metrics.port}"
+
+
 # ---- parser ------------------------------------------------------------------------------------
 
 
@@ -353,6 +384,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     test.add_argument("webhook_id", metavar="ID", help="the webhook's id in the configuration")
     test.set_defaults(func=cmd_test_webhook)
+
+    status = sub.add_parser(
+        "status",
+        parents=[config_parent],
+        help="show the webhooks failing, stalled or busy in a running bridge (its /status)",
+    )
+    status.add_argument(
+        "--url",
+        help="the bridge's operator address, e.g. http://127.0.0.1:9464 (default: metrics.host "
+        "and metrics.port of the configuration, else http://127.0.0.1:9464)",
+    )
+    status.add_argument("--json", action="store_true", help="print the JSON as served")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    status.set_defaults(func=cmd_status)
 
     dlq = sub.add_parser("dlq", help="list or replay dead letters")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)

@@ -845,6 +845,7 @@ class Sizes:
     throughput_rounds: int = 2
     memory_records: int = 200_000
     pure_records: int = 200_000
+    quick: bool = False  # also the HTTPS scenarios' sizes (devtools.bench_https.HTTPS_QUICK)
 
 
 QUICK = Sizes(
@@ -859,6 +860,7 @@ QUICK = Sizes(
     throughput_rounds=1,
     memory_records=2_000,
     pure_records=20_000,
+    quick=True,
 )
 
 TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
@@ -893,6 +895,15 @@ TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
     ),
     "10,000 webhooks load in < 0.5 s (bridge check --offline, median wall)": lambda r: (
         r["config_load_10000"]["wall_s"]["median"] < 0.5
+    ),
+    "reload at 10,000 webhooks: healthy p99 during <= 2x outside": lambda r: (
+        r["reload"]["p99_ms_during"] <= 2 * max(r["reload"]["p99_ms_outside"], 1.0)
+    ),
+    "longest delivery gap across a reload < 100 ms": lambda r: (
+        r["reload"]["max_gap_during_reload_ms"] < 100
+    ),
+    "reload at 10,000 webhooks applied < 1 s after the write (median)": lambda r: (
+        r["reload"]["write_to_applied_s"]["median"] < 1.0
     ),
     "peak RSS < 200 MB": lambda r: r["memory"]["peak_rss_mb"] < 200,
     "pure path >= 50,000 records/s": lambda r: r["pure"]["records_per_s"] >= 50_000,
@@ -966,6 +977,16 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
 
             _say("metrics: a scrape every second beside 200 records/s, 10,000 webhooks configured")
             results["metrics_scrape"] = scenario_metrics_scrape(stage, sizes.latency_seconds)
+        if wanted("reload"):
+            from devtools.bench_metrics import scenario_reload
+
+            _say("reload: 10,000 webhooks rewritten beside 200 records/s")
+            results["reload"] = scenario_reload(stage, sizes.latency_seconds)
+        if wanted("https"):
+            from devtools.bench_https import HTTPS_QUICK, HttpsSizes, run_https
+
+            _say("https: raw ceiling and the bridge, keep-alive and a connection per request")
+            results.update(run_https(stage, HTTPS_QUICK if sizes.quick else HttpsSizes()))
         if wanted("retry"):
             _say("retry timing")
             results["retry_timing"] = scenario_retry_timing(stage, sizes.retry_records, 5)
@@ -994,8 +1015,10 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         stage.stop_receiver()
         if broker is not None:
             broker.stop()
+    from devtools.bench_https import HTTPS_TARGETS  # (it imports this module)
+
     results["targets"] = {}
-    for name, check in TARGETS.items():
+    for name, check in {**TARGETS, **HTTPS_TARGETS}.items():
         try:
             results["targets"][name] = bool(check(results))
         except KeyError:
@@ -1031,7 +1054,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument(
         "--only",
-        help="comma-separated: pure,throughput,latency,config,metrics,retry,isolation,memory",
+        help=(
+            "comma-separated: pure,throughput,latency,config,metrics,reload,https,retry,"
+            "isolation,memory"
+        ),
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "latest.json")
     args = parser.parse_args(argv)

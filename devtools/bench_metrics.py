@@ -8,9 +8,18 @@ at the receiver (at 200/s the nominal gap is 5 ms; a scrape that holds the bridg
 shows as a gap as long as the scrape): overall, among the gaps that overlap a scrape, and among
 the others (what the shared machine, the broker and the load generator cause by themselves).
 
-``python -m devtools.bench_metrics`` runs the scenario alone (its own broker unless
-``KAFKA_BOOTSTRAP_SERVERS`` is set) and prints the result as JSON; ``devtools.bench`` calls
-:func:`scenario_metrics_scrape` with the other scenarios.
+The reload scenario (:func:`scenario_reload`) runs the same bridge and stream, and rewrites the
+configuration file a few times during the window (each a real change: one webhook's timeout, and
+one webhook more). Reported per reload: the time from the write to the moment the bridge counted
+it in ``bridge_config_reloads_total{result="applied"}`` (polled every 50 ms, so up to 50 ms late),
+the p99 end-to-end latency of ``busy``'s deliveries whose lifetime overlaps a reload (from the
+write to one second after it was applied) against the others, and the longest gap between
+deliveries in a reload against elsewhere; medians over the reloads.
+
+``python -m devtools.bench_metrics`` runs the scrape scenario alone (its own broker unless
+``KAFKA_BOOTSTRAP_SERVERS`` is set) and prints the result as JSON, ``python -m
+devtools.bench_metrics reload`` the reload scenario; ``devtools.bench`` calls
+:func:`scenario_metrics_scrape` (and :func:`scenario_reload`) with the other scenarios.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from itertools import pairwise
@@ -46,6 +57,11 @@ WEBHOOKS = 10_000
 RATE = 200.0
 SCRAPE_INTERVAL_S = 1.0
 BUSY = "busy"
+RELOADS = 3
+RELOAD_TAIL_S = 1.0  # deliveries this long after a reload applied still count as "during" it
+APPLIED_POLL_S = 0.05  # how often the reload scenario looks for the applied counter to move
+APPLIED_TIMEOUT_S = 60.0
+_APPLIED = re.compile(rb'^bridge_config_reloads_total\{result="applied"\} (\S+)$', re.M)
 
 
 def count_series(exposition: bytes) -> int:
@@ -204,6 +220,177 @@ def scenario_metrics_scrape(
     }
 
 
+def config_variants(text: str, count: int) -> list[bytes]:
+    """``count`` real changes of the configuration ``text`` (a file :meth:`Stage.bridge` wrote),
+    serialised ahead of time: variant ``k`` (from 1) gives the second webhook a timeout of
+    ``1 + k`` seconds and adds ``k`` webhooks ``extra-1`` ... ``extra-k`` (idle, like the
+    others)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    document = yaml.load(text, Loader=loader)
+    hooks = document["webhooks"]
+    template = hooks[-1]
+    variants = []
+    for k in range(1, count + 1):
+        changed = [dict(hooks[0]), {**hooks[1], "timeout_seconds": float(1 + k)}, *hooks[2:]]
+        extras = [
+            {**template, "id": f"extra-{n}", "account": f"acct_extra_{n}"} for n in range(1, k + 1)
+        ]
+        body = yaml.dump({**document, "webhooks": changed + extras}, Dumper=dumper)
+        variants.append(body.encode())
+    return variants
+
+
+def applied_reloads(url: str) -> float | None:
+    """``bridge_config_reloads_total{result="applied"}`` from ``/metrics`` at ``url``; None when
+    the bridge does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read()
+    except OSError:
+        return None
+    match = _APPLIED.search(body)
+    return float(match.group(1)) if match else 0.0
+
+
+def write_atomically(path: Path, data: bytes) -> float:
+    """Replace ``path`` with ``data`` (a temporary file renamed over it); the wall time after."""
+    temporary = path.with_suffix(".next")
+    temporary.write_bytes(data)
+    temporary.replace(path)
+    return time.time()
+
+
+def rewrite_on_schedule(
+    path: Path, variants: list[bytes], offsets: list[float], url: str
+) -> tuple[threading.Thread, list[tuple[float, float | None]]]:
+    """A thread that writes ``variants[k]`` over ``path`` ``offsets[k]`` seconds after it starts
+    and waits for the bridge at ``url`` (``/metrics``) to count it as applied. It fills the list
+    returned with (wall time written, wall time the applied counter was seen to move, or None)."""
+    done: list[tuple[float, float | None]] = []
+
+    def run() -> None:
+        started = time.monotonic()
+        for data, offset in zip(variants, offsets, strict=True):
+            time.sleep(max(0.0, started + offset - time.monotonic()))
+            before = applied_reloads(url) or 0.0
+            written = write_atomically(path, data)
+            seen = None
+            deadline = time.monotonic() + APPLIED_TIMEOUT_S
+            while time.monotonic() < deadline:
+                count = applied_reloads(url)
+                if count is not None and count > before:
+                    seen = time.time()
+                    break
+                time.sleep(APPLIED_POLL_S)
+            done.append((written, seen))
+
+    thread = threading.Thread(target=run, name="bench-rewriter", daemon=True)
+    return thread, done
+
+
+def _longest_gap_in(times: list[float], window: tuple[float, float]) -> tuple[float, float]:
+    """The longest gap between consecutive ``times`` (sorted) that overlaps ``window``, and
+    when it began."""
+    best, at = 0.0, window[0]
+    for a, b in pairwise(times):
+        if a < window[1] and window[0] < b and b - a > best:
+            best, at = b - a, a
+    return best, at
+
+
+def _median(values: list[Any]) -> float:
+    return round(float(statistics.median(values)), 2) if values else 0.0
+
+
+def _overlaps(start: float, end: float, windows: list[tuple[float, float]]) -> bool:
+    return any(start < w_end and w_start < end for w_start, w_end in windows)
+
+
+def scenario_reload(
+    stage: Stage,
+    seconds: float,
+    webhooks: int = WEBHOOKS,
+    rate: float = RATE,
+    reloads: int = RELOADS,
+) -> dict[str, Any]:
+    """``webhooks`` webhooks configured, ``busy`` receiving ``rate`` records/s for ``seconds``
+    (after a warm-up), the configuration file rewritten ``reloads`` times, evenly through the
+    window, each a real change (:func:`config_variants`)."""
+    topic = stage.new_topics()
+    hooks = [
+        {"id": BUSY, "account": "acct_busy", "url": stage.url("/ok/busy")},
+        *idle_hooks(stage, webhooks - 1),
+    ]
+    with stage.bridge(topic, hooks) as process:
+        path = stage.workdir / f"{topic}.yaml"
+        url = metrics_url(stage, topic)
+        variants = config_variants(path.read_text(), reloads)
+        _wait(lambda: _answers(url), 120, "the bridge's /metrics", 0.2, process)
+        _wait_assigned(stage, topic)
+        offsets = [WARMUP_S + seconds * (k + 0.5) / reloads for k in range(reloads)]
+        rewriter, done = rewrite_on_schedule(path, variants, offsets, url)
+        rewriter.start()
+        stamps, warm = stage.produce_at_rate(topic, rate, seconds, ["acct_busy"], WARMUP_S)
+        rewriter.join(APPLIED_TIMEOUT_S * reloads + seconds)
+        expected = len(stamps) + warm
+        _wait(lambda: stage.received() >= expected, 600, "every busy delivery", 0.2, process)
+    arrivals = {e[2]: e[0] for e in stage.dump() if e[3] == 200 and e[1] == "/ok/busy"}
+    lives = [
+        (ts, arrivals[m])
+        for tx, (ts, _account) in stamps.items()
+        if (m := message_id(tx, SUCCESS, BUSY)) in arrivals
+    ]
+    windows = [
+        (written, (seen or written + APPLIED_TIMEOUT_S) + RELOAD_TAIL_S) for written, seen in done
+    ]
+    during = [end - start for start, end in lives if _overlaps(start, end, windows)]
+    outside = [end - start for start, end in lives if not _overlaps(start, end, windows)]
+    times = sorted(end for _start, end in lives)
+    at_reload, elsewhere = longest_gaps(times, windows)
+    per_reload = []
+    for (written, seen), window in zip(done, windows, strict=True):
+        inside = [end - start for start, end in lives if _overlaps(start, end, [window])]
+        gap, at = _longest_gap_in(times, window)
+        per_reload.append(
+            {
+                "p99_ms": summary_ms(inside)["p99_ms"],
+                "max_gap_ms": round(gap * 1000, 2),
+                # when that gap began, in seconds after the write (the load is under way until
+                # "applied_s"): tells the bridge's hand-over from the machine's own noise
+                "max_gap_at_s": round(at - written, 3),
+                "applied_s": None if seen is None else round(seen - written, 3),
+            }
+        )
+    applied = [seen - written for written, seen in done if seen is not None]
+    p99_outside = summary_ms(outside)["p99_ms"]
+    p99_during = summary_ms(during)["p99_ms"]
+    return {
+        "webhooks": webhooks,
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "reloads": reloads,
+        "applied": len(applied),
+        "write_to_applied_s": {
+            **_median_max(applied, digits=3),
+            "min": round(min(applied, default=0.0), 3),
+            "each": [round(a, 3) for a in applied],
+        },
+        "p99_ms_outside": p99_outside,
+        "p99_ms_during": p99_during,
+        "p99_ratio": round(p99_during / max(p99_outside, 1.0), 2),
+        "max_gap_ms": round(max(at_reload, elsewhere) * 1000, 2),
+        "max_gap_during_reload_ms": round(at_reload * 1000, 2),
+        "max_gap_outside_ms": round(elsewhere * 1000, 2),
+        "per_reload": per_reload,
+        "median_reload_p99_ms": _median([r["p99_ms"] for r in per_reload]),
+        "median_reload_max_gap_ms": _median([r["max_gap_ms"] for r in per_reload]),
+        "end_to_end_outside": summary_ms(outside),
+        "end_to_end_during": summary_ms(during),
+        "producer_lag_ms": stage.schedule_lag,
+    }
+
+
 def _answers(url: str) -> bool:
     try:
         scrape(url, timeout=60)
@@ -213,7 +400,8 @@ def _answers(url: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m devtools.bench_metrics [--seconds S] [--webhooks N]``, or ``scrape URL``."""
+    """``python -m devtools.bench_metrics [--seconds S] [--webhooks N]``, ``reload [...]``, or
+    ``scrape URL``."""
     parser = argparse.ArgumentParser(prog="python -m devtools.bench_metrics", description=__doc__)
     commands = parser.add_subparsers(dest="command")
     run = commands.add_parser("run", help="run the scenario (the default)")
@@ -224,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument(
             "--interval", type=float, default=SCRAPE_INTERVAL_S, help="between scrapes; 0: none"
         )
+    reload = commands.add_parser("reload", help="run the reload scenario")
+    reload.add_argument("--seconds", type=float, default=30.0, help="measured window")
+    reload.add_argument("--webhooks", type=int, default=WEBHOOKS)
+    reload.add_argument("--rate", type=float, default=RATE)
+    reload.add_argument("--reloads", type=int, default=RELOADS, help="rewrites in the window")
+    reload.add_argument("--rounds", type=int, default=1, help="run the scenario this many times")
     scraper = commands.add_parser("scrape", help="scrape a URL until SIGTERM (internal)")
     scraper.add_argument("url")
     scraper.add_argument("--interval", type=float, default=SCRAPE_INTERVAL_S)
@@ -239,9 +433,17 @@ def main(argv: list[str] | None = None) -> int:
     stage = Stage(external or broker.start(), workdir)  # type: ignore[union-attr]
     try:
         stage.start_receiver(fail_first=0)
-        result = scenario_metrics_scrape(
-            stage, args.seconds, args.webhooks, args.rate, args.interval
-        )
+        result: Any
+        if args.command == "reload":
+            result = [
+                scenario_reload(stage, args.seconds, args.webhooks, args.rate, args.reloads)
+                for _ in range(args.rounds)
+            ]
+            result = result[0] if len(result) == 1 else result
+        else:
+            result = scenario_metrics_scrape(
+                stage, args.seconds, args.webhooks, args.rate, args.interval
+            )
     finally:
         stage.stop_receiver()
         if broker is not None:

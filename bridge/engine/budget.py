@@ -207,3 +207,19 @@ class Lane:
                 waiter.set_result(True)
                 return
         self.active -= 1
+
+    def snapshot(self) -> dict[str, int | float | bool]:
+        """The lane's state now, for the operator's ``/status`` view; changes nothing (the credit
+        is brought up to date in the copy only)."""
+        credit = self.credit
+        if credit < UNANSWERED_BURST:
+            elapsed = time.monotonic() - self.credit_at
+            credit = min(UNANSWERED_BURST, credit + elapsed * UNANSWERED_PER_S)
+        return {
+            "active": self.active,
+            "limit": self.limit,
+            "waiting": sum(1 for waiter, _came in self.waiters if not waiter.done()),
+            "stalled": self.is_stalled,
+            "credit": round(credit, 1),
+            "out_of_credit": credit < 1.0,
+        }

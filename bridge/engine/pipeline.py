@@ -53,6 +53,7 @@ from bridge.http.sender import HttpSender, Outcome, build_request
 from bridge.kafka.consumer import TP, ThreadedConsumer
 from bridge.kafka.producer import DurableProducer, ProduceError
 from bridge.ops.metrics import Metrics, status_class
+from bridge.ops.status import STATUS_LIMIT, bounded
 
 log = logging.getLogger("bridge.engine.pipeline")
 
@@ -134,15 +135,50 @@ class Pipeline:
     # ---- configuration ---------------------------------------------------------------------
 
     def apply_config(self, config: Config) -> None:
-        """Swap in a new webhook set: new deliveries use it, deliveries in flight keep theirs."""
+        """Swap in a new webhook set: new deliveries use it, deliveries in flight keep theirs.
+
+        Cheap at 10,000 webhooks (it runs on the event loop): the index is updated for the
+        webhooks that changed, not rebuilt, and only the lanes that exist are visited."""
         self.config = config
-        self.subscriptions = Subscriptions(config.webhooks)
-        for webhook in config.webhooks:
-            lane = self.lanes.get(webhook.id)
-            if lane is not None:
+        self.subscriptions = self.subscriptions.updated(config.webhooks)
+        for webhook_id, lane in self.lanes.items():
+            webhook = self.subscriptions.get(webhook_id)
+            if webhook is not None:
                 lane.limit = webhook.concurrency
                 lane.patience = self._patience(webhook)
         self._register_webhooks()
+
+    def status(self, limit: int = STATUS_LIMIT) -> dict[str, Any]:
+        """Per-webhook detail and totals for the operator's ``/status`` (ids only: never a URL or
+        a secret). Lists each webhook failing now, stalled, out of unanswered credit, or with
+        deliveries active or waiting for a slot, never the idle ones: the most pressing first,
+        at most ``limit``, saying how many were left out (:func:`bridge.ops.status.bounded`)."""
+        failing = self.metrics.webhooks.failing
+        rows: list[dict[str, Any]] = []
+        for webhook_id, lane in self.lanes.items():
+            if webhook_id not in failing and not (
+                lane.active or lane.waiters or lane.is_stalled or lane.credit < 1.0
+            ):
+                continue  # idle, at a glance (the snapshot below decides for the others)
+            state = lane.snapshot()
+            if webhook_id in failing or any(
+                state[key] for key in ("active", "waiting", "stalled", "out_of_credit")
+            ):
+                rows.append({"id": webhook_id, "failing_since": failing.get(webhook_id), **state})
+        for webhook_id in failing.keys() - self.lanes.keys():  # failing, no lane: no detail
+            rows.append({"id": webhook_id, "failing_since": failing[webhook_id]})
+        body = bounded(rows, limit)
+        body["totals"] = {
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "backpressure": self.backpressure,
+            "paused_partitions": len(self.paused),
+            "assigned_partitions": len(self.trackers),
+            "webhooks_configured": len(self.subscriptions),
+            "webhooks_failing": len(failing),
+        }
+        body["time"] = round(time.time(), 3)
+        return body
 
     def _register_webhooks(self) -> None:
         webhooks = self.config.webhooks

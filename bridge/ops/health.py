@@ -1,4 +1,4 @@
-"""The operator HTTP port: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The operator HTTP port: ``/metrics``, ``/healthz``, ``/readyz`` and ``/status``.
 
 - ``/healthz`` (liveness): 200 while the consume loop has turned within ``LOOP_STALL_S``; a stuck
   process answers 503 and Kubernetes restarts it.
@@ -7,6 +7,9 @@
   with the failing checks in the body. The body's ``config`` part says whether the file on disk
   is in force and, while a changed file is rejected, its problems (the bridge stays ready: it
   keeps delivering with the configuration in force).
+- ``/status``: per-webhook detail outside Prometheus, as JSON (:mod:`bridge.ops.status`): the
+  webhooks failing, stalled, out of credit or busy now (ids only, bounded), the totals, and the
+  configuration in force.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ def health_app(
     last_loop: Callable[[], float],
     readiness: Callable[[], dict[str, bool]],
     config_state: Callable[[], dict[str, object]] = dict,
+    status: Callable[[], dict[str, object]] | None = None,
 ) -> web.Application:
-    """The aiohttp application serving the three endpoints."""
+    """The aiohttp application serving the endpoints (``/status`` only when ``status`` is given)."""
 
     async def metrics(_request: web.Request) -> web.Response:
         return web.Response(
@@ -49,10 +53,20 @@ def health_app(
             content_type="application/json",
         )
 
+    async def status_view(_request: web.Request) -> web.Response:
+        assert status is not None
+        return web.Response(
+            text=json.dumps(status(), separators=(",", ":")),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if status is not None:
+        app.router.add_get("/status", status_view)
     return app
 
 

@@ -352,3 +352,61 @@ def test_port_zero_is_reported_as_the_port_actually_bound(
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         log.close()
+
+
+def test_status_shows_a_failing_webhook_and_bridge_status_prints_it(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """``/status`` lists the failing webhook (by id: no URL, no secret) and not the healthy idle
+    one, with the totals and the configuration in force; ``bridge status`` prints the same."""
+    receiver.behaviours["/down"] = always(503)
+    setup = bridge_setup(
+        [
+            webhook("down", "acct_1", receiver.url("/down")),
+            webhook("fine", "acct_2", receiver.url("/fine")),
+        ]
+    )
+    bridge = setup.start_bridge()
+    setup.produce_records([make_record("tx-down", "acct_1"), make_record("tx-fine", "acct_2")])
+    wait_for(lambda: receiver.received_ids("/fine"), 30, message="the healthy delivery")
+
+    def listed() -> list[dict[str, object]]:
+        status, body = bridge.http("/status")
+        rows: list[dict[str, object]] = json.loads(body)["webhooks"] if status == 200 else []
+        return rows
+
+    wait_for(
+        lambda: [row["id"] for row in listed() if row["failing_since"]] == ["down"],
+        30,
+        message="the failing webhook in /status",
+    )
+    code, body = bridge.http("/status")
+    view = json.loads(body)
+    assert code == 200 and [row["id"] for row in view["webhooks"]] == ["down"], body
+    assert view["left_out"] == 0 and view["totals"]["webhooks_failing"] == 1
+    assert view["totals"]["webhooks_configured"] == 2
+    assert view["config"]["in_force"] is True and view["config"]["generation"] == 1
+    assert view["config"]["path"] == str(bridge.own_config)
+    assert "127.0.0.1:" not in body and "secret-of" not in body
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--url", f"http://127.0.0.1:{bridge.port}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert printed.returncode == 0, printed.stderr
+    rows = [line.split() for line in printed.stdout.splitlines()]
+    assert any(row[:2] == ["down", "failing"] for row in rows), printed.stdout
+    assert not any(row and row[0] == "fine" for row in rows), printed.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--json", "--url", f"127.0.0.1:{bridge.port}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["webhooks"][0]["id"] == "down"

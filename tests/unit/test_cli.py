@@ -83,3 +83,105 @@ def test_check_reports_hostile_input_without_traceback_or_secret(
     assert f"{bad}:" in output and "webhook 'shop': field '" in output
     assert "Traceback" not in output
     assert "hunter2" not in output
+
+
+class _StatusServer:
+    """A local HTTP server answering ``/status`` with ``body`` (as a running bridge would)."""
+
+    def __init__(self, body: dict[str, object]) -> None:
+        import http.server
+        import json
+        import threading
+
+        payload = json.dumps(body).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                found = self.path == "/status"
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(payload if found else b"{}")
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+STATUS_BODY: dict[str, object] = {
+    "time": 1000.0,
+    "webhooks": [
+        {
+            "id": "down",
+            "failing_since": 940.0,
+            "active": 2,
+            "limit": 32,
+            "waiting": 0,
+            "stalled": False,
+            "credit": 97.0,
+            "out_of_credit": False,
+        }
+    ],
+    "needing_attention": 1,
+    "listed": 1,
+    "left_out": 0,
+    "totals": {"in_flight": 2, "max_in_flight": 1000, "webhooks_failing": 1},
+    "config": {"path": "bridge.yaml", "webhooks": 2, "generation": 1, "applied_at": 900.0},
+}
+
+
+def test_status_prints_the_running_bridges_view_as_a_table_or_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    server = _StatusServer(STATUS_BODY)
+    try:
+        assert main(["status", "--url", server.url]) == 0
+        table = capsys.readouterr().out
+        assert main(["status", "--url", server.url + "/status", "--json"]) == 0
+        raw = capsys.readouterr().out
+    finally:
+        server.close()
+    assert "1 webhook(s) need attention (1 failing)" in table
+    assert ["down", "failing", "1m00s", "2", "32", "0", "97"] in [
+        line.split() for line in table.splitlines()
+    ]
+    assert json.loads(raw) == STATUS_BODY
+
+
+def test_status_of_a_bridge_that_does_not_answer_exits_1_with_a_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there once closed
+    assert main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}/status" in err and "hint:" in err and "Traceback" not in err
+    assert main(["status", "--url", "file:///etc/passwd"]) == 1
+
+
+def test_status_finds_the_operator_port_in_the_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = _StatusServer(STATUS_BODY)
+    port = server.url.rsplit(":", 1)[1]
+    config = tmp_path / "bridge.yaml"
+    config.write_text(f"metrics:\n  host: 0.0.0.0\n  port: {port}\nwebhooks: []\n")
+    monkeypatch.delenv("BRIDGE_CONFIG", raising=False)
+    try:
+        assert main(["status", "-c", str(config)]) == 0
+    finally:
+        server.close()
+    assert "down" in capsys.readouterr().out

@@ -1,20 +1,30 @@
-"""Hot reload with real files: edits, Kubernetes' symlink swap, secret files, invalid files."""
+"""Hot reload with real files: edits, Kubernetes' symlink swap, secret files, invalid files; the
+load in a child process, and the index of the webhooks updated rather than rebuilt."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import pickle
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridge.config.loader import load_config
 from bridge.config.reload import ConfigWatcher
 from bridge.core.errors import ConfigError
-from bridge.core.settings import Config
+from bridge.core.settings import Config, sha256_hex
+from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Secret, Webhook
 
 TEMPLATE = """\
 webhooks:
@@ -262,3 +272,290 @@ def test_going_back_to_the_file_in_force_clears_the_rejection(tmp_path: Path) ->
     asyncio.run(scenario())
     assert recorder.watcher.rejected == []
     assert len(recorder.changes) == 1, "the file in force again is reported (metrics say ok)"
+
+
+# ---- loading in a child process (what `bridge run` uses) ------------------------------------
+
+
+def many_hooks(count: int, timeout_of_second: float = 10.0, first: int = 0) -> str:
+    """A file with webhooks ``first`` to ``count - 1`` (the one numbered 1 with the timeout
+    given) and a Kafka credential."""
+    lines = [
+        "kafka:",
+        "  properties:",
+        "    ssl.key.password: hunter2-key-password",
+        "    socket.timeout.ms: '5000'",
+        "webhooks:",
+    ]
+    for n in [*range(first, count)][::-1] if first else range(count):
+        lines += [
+            f"  - id: hook-{n}",
+            f"    account: acct_{n % 3}",
+            f"    url: https://h{n}.example/hook",
+            "    events: [transaction.success, transaction.failed]",
+            f"    secret: secret-{n}",
+        ]
+        if n == 1:
+            lines.append(f"    timeout_seconds: {timeout_of_second}")
+    return "\n".join(lines) + "\n"
+
+
+def isolated(path: Path) -> Recorder:
+    recorder = Recorder(path)
+    recorder.watcher = ConfigWatcher(
+        recorder.watcher.current,
+        recorder.changes.append,
+        recorder.errors.append,
+        interval_seconds=0.02,
+        environ={},
+        isolated=True,
+    )
+    return recorder
+
+
+def test_a_child_process_loads_the_file_and_unchanged_webhooks_are_kept_as_they_are(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(many_hooks(40))
+    recorder = isolated(path)
+    before = recorder.watcher.current
+    expected = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recorder.watcher.run())
+        try:
+            await wait_until(lambda: recorder.watcher.primed, timeout=60)
+            path.write_text(many_hooks(41, timeout_of_second=3.0))  # one changed, one added
+            expected.append(load_config(path, {}))
+            await wait_until(lambda: len(recorder.changes) == 1, timeout=60)
+            path.write_text(many_hooks(41, timeout_of_second=3.0, first=1))  # removed, reversed
+            expected.append(load_config(path, {}))
+            await wait_until(lambda: len(recorder.changes) == 2, timeout=60)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    new, last = recorder.changes
+    assert [new, last] == expected, "the same configurations as loaded here"
+    assert isinstance(new.kafka.properties, MappingProxyType)
+    reused = [a is b for a, b in zip(before.webhooks, new.webhooks, strict=False)]
+    assert reused == [True, False] + [True] * 38, "only the changed webhook is a new object"
+    assert new.webhooks[1].timeout_seconds == 3.0 and new.webhooks[40].id == "hook-40"
+    assert [w.id for w in last.webhooks] == [f"hook-{n}" for n in range(40, 0, -1)]
+    assert all(w is new.webhooks[int(w.id[5:])] for w in last.webhooks), "all kept, reordered"
+    assert recorder.watcher.current is last and recorder.watcher.generation == 3
+    assert recorder.errors == []
+
+
+def test_a_child_process_reports_an_invalid_file_like_the_loader(tmp_path: Path) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    recorder = isolated(path)
+    original = recorder.watcher.current
+    bad = config_text(secret="secret: hunter2-inline\n    events: []")
+
+    async def scenario() -> None:
+        path.write_text(bad)
+        await recorder.watcher.poll()
+        path.write_text(config_text(url="https://fixed.example/hook"))
+        await recorder.watcher.poll()
+
+    asyncio.run(scenario())
+    path.write_text(bad)
+    with pytest.raises(ConfigError) as expected:
+        load_config(path, {})
+    assert [e.problems for e in recorder.errors] == [expected.value.problems]
+    assert "hunter2" not in str(recorder.errors)
+    assert [c.webhooks[0].url for c in recorder.changes] == ["https://fixed.example/hook"]
+    assert recorder.changes[0].webhooks[0] != original.webhooks[0]
+
+
+def test_a_child_that_dies_rejects_the_file_and_the_next_child_applies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    recorder = isolated(path)
+    import bridge.config.reload
+
+    async def scenario() -> None:
+        with monkeypatch.context() as patch:
+            patch.setattr(bridge.config.reload, "WORKER_ARGS", ("-c", "raise SystemExit(3)"))
+            path.write_text(config_text(url="https://two.example/hook"))
+            await recorder.watcher.poll()
+        assert recorder.watcher.rejected == [
+            f"{path}: internal error while reading the configuration (WorkerExited)"
+        ]
+        await recorder.watcher.poll()  # the same file, a working child
+
+    asyncio.run(scenario())
+    assert len(recorder.errors) == 1
+    assert [c.webhooks[0].url for c in recorder.changes] == ["https://two.example/hook"]
+    assert recorder.watcher.rejected == []
+
+
+def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
+    from bridge.config.reload import answer
+
+    path = Path(__file__).resolve().parents[2] / "config" / "test.yaml"
+    request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "known": None}
+    primed = answer(request)
+    assert primed[0] == "primed" and len(primed[2]) == len(primed[3]) > 0
+    known = dict(zip(primed[2], primed[3], strict=True))
+    unchanged = answer({**request, "known": known})
+    assert unchanged[3:] == (("same",), {}, len(known), []), "nothing changed, nothing shipped"
+    first = primed[2][0]
+    one = answer({**request, "known": {**known, first: b"other"}})
+    assert [w.id for chunk in one[-1] for w in pickle.loads(chunk)] == [first]
+    assert one[3:6] == (("same",), {first: known[first]}, len(known))
+    moved = dict(reversed(known.items()))
+    assert answer({**request, "known": moved})[3] == ("all", primed[2]), "the order is sent"
+
+
+def test_webhook_digests_change_with_every_field_and_with_the_key() -> None:
+    from bridge.config.reload import webhook_digest
+    from bridge.core.webhook import Secret, TlsSettings, Webhook
+
+    base = Webhook("a", "acct", "https://a.example/h", frozenset({"x", "y"}), Secret(b"s"))
+    key = b"k" * 32
+    same = Webhook("a", "acct", "https://a.example/h", frozenset({"y", "x"}), Secret(b"s"))
+    assert webhook_digest(base, key) == webhook_digest(same, key)
+    variants = [
+        replace(base, secret=Secret(b"t")),
+        replace(base, previous_secret=Secret(b"s")),
+        replace(base, url="https://b.example/h"),
+        replace(base, events=frozenset({"x"})),
+        replace(base, enabled=False),
+        replace(base, timeout_seconds=3.0),
+        replace(base, concurrency=4),
+        replace(base, tls=TlsSettings(min_version="TLSv1.3")),
+    ]
+    digests = {webhook_digest(w, key) for w in variants}
+    assert len(digests) == len(variants) and webhook_digest(base, key) not in digests
+    assert webhook_digest(base, key) != webhook_digest(base, b"j" * 32)
+
+
+def test_fingerprints_look_at_the_content_only_when_stat_moves_or_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bridge.config.reload as reload
+
+    path = tmp_path / "f"
+    path.write_text("one")
+    fingerprints = reload._Fingerprints()
+    first = fingerprints([path], False)
+    monkeypatch.setattr(reload, "_stat_key", lambda _path: (1, 2, 3, 4, 5))
+    fingerprints([path], False)
+    path.write_text("two")  # (stat "unchanged": as an edit within one clock tick)
+    assert fingerprints([path], False) == first
+    assert fingerprints([path], True) != first  # the periodic full pass sees it
+    monkeypatch.undo()
+    path.write_text("three")
+    assert fingerprints.unchanged([path]) is None, "its stat moved: hashed on a thread"
+    assert fingerprints([path], False) == (sha256_hex(b"three"),)
+    assert fingerprints.unchanged([path]) == (sha256_hex(b"three"),)
+
+
+def test_a_rejected_file_that_did_not_change_is_loaded_again_only_when_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    recorder = Recorder(path)
+    import bridge.config.reload
+
+    loads = []
+
+    def counting(*args: object) -> Config:
+        loads.append(args)
+        return load_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+
+    async def scenario() -> None:
+        path.write_text(config_text(url="http://[::1/x"))
+        await recorder.watcher.poll()
+        await recorder.watcher.poll(retry_rejected=False)
+        assert len(loads) == 1, "unchanged and not due: not loaded again"
+        await recorder.watcher.poll(retry_rejected=True)
+        assert len(loads) == 2
+        path.write_text(config_text(url="https://fixed.example/hook"))
+        await recorder.watcher.poll(retry_rejected=False)  # changed: loaded at once
+
+    asyncio.run(scenario())
+    assert len(loads) == 3 and len(recorder.errors) == 1 and len(recorder.changes) == 1
+
+
+# ---- the index of the webhooks, updated rather than rebuilt at a reload ----------------------
+
+
+def hook(hook_id: str, account: str, *events: str, enabled: bool = True) -> Webhook:
+    return Webhook(
+        hook_id,
+        account,
+        f"https://{hook_id}.example/h",
+        frozenset(events or ("transaction.success",)),
+        Secret(b"s"),
+        enabled=enabled,
+    )
+
+
+def same_index(a: Subscriptions, b: Subscriptions) -> bool:
+    keys = {(w.account, e) for w in [*a, *b] for e in ("transaction.success", "transaction.failed")}
+    return list(a) == list(b) and all(a.match(*k) == b.match(*k) for k in keys)
+
+
+def test_an_updated_index_is_the_index_of_the_new_list() -> None:
+    hooks = [hook(f"h{n}", f"acct_{n % 4}", "transaction.success") for n in range(40)]
+    index = Subscriptions(hooks)
+    changes: list[list[Webhook]] = [
+        hooks,  # nothing changed
+        [*hooks[:5], replace(hooks[5], account="acct_9"), *hooks[6:]],
+        [*hooks[:5], replace(hooks[5], enabled=False), *hooks[6:]],
+        [*hooks[:7], *hooks[8:]],  # removed
+        [*hooks[:3], hook("new", "acct_1"), *hooks[3:]],  # added in the middle
+        [*hooks[:3], replace(hooks[3], events=frozenset({"transaction.failed"})), *hooks[4:]],
+        [hooks[1], hooks[0], *hooks[2:]],  # reordered: rebuilt
+        [replace(h, secret=Secret(b"t")) for h in hooks],  # everything changed: rebuilt
+    ]
+    for change in changes:
+        updated = index.updated(change)
+        assert same_index(updated, Subscriptions(change)), change
+        assert all(updated.get(w.id) is w for w in change)
+    with pytest.raises(ValueError, match="duplicate webhook id 'h1'"):
+        index.updated([*hooks, hooks[1]])
+
+
+@given(st.lists(st.tuples(st.integers(0, 11), st.integers(0, 3), st.integers(0, 3)), max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_updated_matches_a_rebuild_for_any_edit(edits: list[tuple[int, int, int]]) -> None:
+    events = [
+        ("transaction.success",),
+        ("transaction.failed",),
+        ("transaction.success", "transaction.failed"),
+    ]
+    hooks = [hook(f"h{n}", f"acct_{n % 3}", *events[n % 3]) for n in range(12)]
+    index = Subscriptions(hooks)
+    current = list(hooks)
+    for which, what, value in edits:
+        target = f"h{which}"
+        position = next((i for i, w in enumerate(current) if w.id == target), None)
+        if what == 0 and position is not None:
+            del current[position]
+        elif what == 0:
+            current.insert(value % (len(current) + 1), hook(target, f"acct_{value}"))
+        elif position is not None:
+            old = current[position]
+            current[position] = (
+                replace(old, account=f"acct_{value}")
+                if what == 1
+                else replace(old, enabled=not old.enabled)
+                if what == 2
+                else replace(old, events=frozenset(events[value % 3]))
+            )
+        updated = index.updated(current)
+        assert same_index(updated, Subscriptions(current))
+        index = updated

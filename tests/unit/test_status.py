@@ -1,0 +1,226 @@
+"""The operator's status view: which webhooks it lists, in what order, bounded, without URLs or
+secrets; the lane snapshot it reads; ``/status`` on the operator port; the text rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from bridge.core.settings import Config, DeliveryConfig
+from bridge.core.webhook import Secret, Webhook
+from bridge.engine.budget import UNANSWERED_BURST, Lane
+from bridge.engine.pipeline import Pipeline
+from bridge.ops.health import health_app
+from bridge.ops.metrics import Metrics
+from bridge.ops.status import STATUS_LIMIT, render_status, status_url
+
+SECRET = b"hunter2-secret-of-the-webhook-0123456789"
+
+
+def hooks(count: int) -> tuple[Webhook, ...]:
+    return tuple(
+        Webhook(
+            id=f"hook-{n:05d}",
+            account=f"acct_{n}",
+            url=f"https://user:hunter2-password@h{n}.example/hook?token=hunter2",
+            events=frozenset({"transaction.success"}),
+            secret=Secret(SECRET),
+        )
+        for n in range(count)
+    )
+
+
+def pipeline(count: int = 10_000) -> Pipeline:
+    config = Config(
+        path=Path("status.yaml"), delivery=DeliveryConfig(max_in_flight=500), webhooks=hooks(count)
+    )
+    return Pipeline(
+        config,
+        consumer=None,  # type: ignore[arg-type]
+        producer=None,  # type: ignore[arg-type]
+        sender=None,  # type: ignore[arg-type]
+        decoder=None,  # type: ignore[arg-type]
+        metrics=Metrics(CollectorRegistry()),
+    )
+
+
+def lane(**state: Any) -> Lane:
+    """A lane of limit 4 with attributes set as given."""
+    result = Lane(4, 5.0)
+    for name, value in state.items():
+        setattr(result, name, value)
+    return result
+
+
+def waiting(loop: asyncio.AbstractEventLoop, count: int, done: int = 0) -> Any:
+    """A waiters deque: ``count`` futures waiting, ``done`` already settled (they do not count)."""
+    from collections import deque
+
+    futures = [loop.create_future() for _ in range(count + done)]
+    for future in futures[:done]:
+        future.set_result(False)
+    return deque((future, time.monotonic()) for future in futures)
+
+
+def test_the_view_lists_the_webhooks_that_need_attention_most_pressing_first() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        engine = pipeline()
+        for n in range(10_000):  # every webhook has had traffic: idle lanes are not listed
+            engine.lanes[f"hook-{n:05d}"] = lane()
+        engine.lanes["hook-00001"] = lane(active=2)
+        engine.lanes["hook-00002"] = lane(active=4, waiters=waiting(loop, 3, done=2))
+        engine.lanes["hook-00003"] = lane(active=4, is_stalled=True)
+        engine.lanes["hook-00004"] = lane(credit=-50.0, credit_at=time.monotonic())
+        engine.lanes["hook-00005"] = lane(credit=50.0, credit_at=time.monotonic())  # some spent
+        failing = engine.metrics.webhooks.failing
+        failing["hook-00006"] = 1000.0
+        failing["hook-00007"] = 2000.0
+        body = engine.status()
+    finally:
+        loop.close()
+    listed = [row["id"] for row in body["webhooks"]]
+    assert listed == [
+        "hook-00003",  # stalled
+        "hook-00004",  # out of unanswered credit
+        "hook-00006",  # failing longest
+        "hook-00007",
+        "hook-00002",  # deliveries waiting
+        "hook-00001",  # deliveries active
+    ]
+    rows = {row["id"]: row for row in body["webhooks"]}
+    assert rows["hook-00002"] == {
+        "id": "hook-00002",
+        "failing_since": None,
+        "active": 4,
+        "limit": 4,
+        "waiting": 3,
+        "stalled": False,
+        "credit": UNANSWERED_BURST,
+        "out_of_credit": False,
+    }
+    assert rows["hook-00004"]["out_of_credit"] is True and rows["hook-00004"]["credit"] < 1.0
+    assert rows["hook-00006"]["failing_since"] == 1000.0
+    assert (body["needing_attention"], body["listed"], body["left_out"]) == (6, 6, 0)
+    assert body["totals"] == {
+        "in_flight": 0,
+        "max_in_flight": 500,
+        "backpressure": False,
+        "paused_partitions": 0,
+        "assigned_partitions": 0,
+        "webhooks_configured": 10_000,
+        "webhooks_failing": 2,
+    }
+
+
+def test_the_list_is_capped_and_says_how_many_were_left_out() -> None:
+    engine = pipeline(1_000)
+    for n in range(250):
+        engine.lanes[f"hook-{n:05d}"] = lane(active=1 + n % 4)
+    engine.metrics.webhooks.failing["hook-00999"] = 5.0  # failing: before the busy ones
+    body = engine.status()
+    assert len(body["webhooks"]) == STATUS_LIMIT == body["listed"]
+    assert body["needing_attention"] == 251 and body["left_out"] == 151
+    assert body["webhooks"][0]["id"] == "hook-00999"
+    assert "active" not in body["webhooks"][0], "failing without a lane: no lane detail"
+    assert all(row["active"] == 4 for row in body["webhooks"][1:63])
+    assert len(json.dumps(body)) < 30_000
+    assert engine.status(limit=3)["listed"] == 3
+
+
+def test_the_view_never_shows_a_url_or_a_secret() -> None:
+    engine = pipeline(50)
+    for n in range(50):
+        engine.lanes[f"hook-{n:05d}"] = lane(active=1)
+        engine.metrics.webhooks.failing[f"hook-{n:05d}"] = float(n)
+    text = json.dumps(engine.status())
+    assert "hunter2" not in text and "example" not in text and "http" not in text
+
+
+def test_a_lane_snapshot_changes_nothing() -> None:
+    subject = lane(active=3, credit=10.0, credit_at=time.monotonic() - 2.0)
+    before = (subject.credit, subject.credit_at, subject.active, subject.is_stalled)
+    snapshot = subject.snapshot()
+    assert 29.0 <= float(snapshot["credit"]) <= UNANSWERED_BURST, "refilled in the copy"
+    assert (subject.credit, subject.credit_at, subject.active, subject.is_stalled) == before
+    assert snapshot["active"] == 3 and snapshot["limit"] == 4 and snapshot["waiting"] == 0
+
+
+def test_status_is_served_as_json_on_the_operator_port() -> None:
+    body: dict[str, object] = {
+        "webhooks": [],
+        "totals": {"in_flight": 0},
+        "config": {"generation": 1},
+    }
+
+    async def scenario() -> tuple[int, str, Any, int]:
+        app = health_app(CollectorRegistry(), time.monotonic, dict, dict, lambda: body)
+        async with TestClient(TestServer(app)) as client:
+            answer = await client.get("/status")
+            plain = await client.get("/status")
+            without = health_app(CollectorRegistry(), time.monotonic, dict)
+            async with TestClient(TestServer(without)) as other:
+                missing = (await other.get("/status")).status
+            return answer.status, answer.content_type, await plain.json(), missing
+
+    status, content_type, served, missing = asyncio.run(scenario())
+    assert (status, content_type, served) == (200, "application/json", body)
+    assert missing == 404
+
+
+def test_the_text_rendering_names_each_webhook_and_what_was_left_out() -> None:
+    body = {
+        "time": 1000.0,
+        "webhooks": [
+            {"id": "down", "failing_since": 700.0, "active": 4, "limit": 4, "waiting": 12,
+             "stalled": True, "credit": 0.0, "out_of_credit": True},
+            {"id": "flaky", "failing_since": 990.0, "active": 1, "limit": 32, "waiting": 0,
+             "stalled": False, "credit": 100.0, "out_of_credit": False},
+            {"id": "busy", "failing_since": None, "active": 7, "limit": 32, "waiting": 0,
+             "stalled": False, "credit": 100.0, "out_of_credit": False},
+            {"id": "gone", "failing_since": 100.0},
+        ],
+        "needing_attention": 104,
+        "listed": 4,
+        "left_out": 100,
+        "totals": {"in_flight": 12, "max_in_flight": 1000, "webhooks_failing": 3,
+                   "webhooks_configured": 10_000, "paused_partitions": 1,
+                   "assigned_partitions": 21, "backpressure": False},
+        "config": {"path": "/etc/bridge.yaml", "webhooks": 10_000, "generation": 3,
+                   "applied_at": 880.0, "in_force": False, "rejected_problems": 2},
+    }  # fmt: skip
+    text = render_status(body)
+    lines = text.splitlines()
+    assert lines[0].startswith("104 webhook(s) need attention (3 failing) of 10000 configured")
+    assert "12/1000 deliveries in flight" in lines[0] and "1/21 partitions paused" in lines[0]
+    assert "generation 3 (applied 2m00s ago), a newer file is REJECTED" in lines[1]
+    assert lines[2].split() == [
+        "WEBHOOK", "STATE", "FAILING", "FOR", "ACTIVE", "LIMIT", "WAITING", "CREDIT"
+    ]  # fmt: skip
+    assert lines[3].split() == ["down", "stalled", "5m00s", "4", "4", "12", "0"]
+    assert lines[4].split() == ["flaky", "failing", "10s", "1", "32", "0", "100"]
+    assert lines[5].split() == ["busy", "busy", "-", "7", "32", "0", "100"]
+    assert lines[6].split() == ["gone", "failing", "15m00s", "-", "-", "-", "-"]
+    assert lines[7] == "... and 100 more not listed (the list is capped)"
+    quiet = render_status({"webhooks": [], "totals": {}, "time": 0.0})
+    assert "no webhook failing, stalled or busy" in quiet
+
+
+def test_status_urls() -> None:
+    assert status_url("http://127.0.0.1:9464") == "http://127.0.0.1:9464/status"
+    assert status_url("127.0.0.1:9464/") == "http://127.0.0.1:9464/status"
+    assert status_url("https://bridge:9464/status") == "https://bridge:9464/status"
+    from bridge.ops.status import StatusError
+
+    try:
+        status_url("file:///etc/passwd")
+    except StatusError as exc:
+        assert "http" in str(exc)
+    else:
+        raise AssertionError("a file URL was accepted")
