@@ -11,7 +11,9 @@ import asyncio
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
@@ -421,10 +423,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+    """Run the command line; returns the exit code. As the process's own command line (``argv``
+    None), every command but ``run`` ends at once on SIGTERM (:func:`end_on_sigterm`)."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and args.func is not cmd_run:
+        end_on_sigterm()
     return run_command(args)
+
+
+def end_on_sigterm() -> None:
+    """Make SIGTERM end this process at once with exit code 143, whatever the main thread is
+    doing (for the one-shot commands; ``run`` drains on SIGTERM instead).
+
+    As PID 1 of a container the kernel ignores every signal the process has no handler for, so
+    without one ``docker stop`` or a pod's deletion waits out the grace period and then kills.
+    A Python handler would only run once the main thread is back in Python, which a blocking call
+    into librdkafka (a metadata request against an unreachable cluster, say) delays for its whole
+    timeout. So SIGTERM is blocked in this thread, before any other thread starts (threads inherit
+    the mask, librdkafka's too), and a thread of its own waits for it: nothing these commands do
+    needs draining (a replay cut short is replayed again; it is at least once)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait() -> None:
+        signal.sigwait({signal.SIGTERM})
+        try:
+            print("error: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        finally:
+            os._exit(EXIT_TERMINATED)
+
+    threading.Thread(target=wait, name="sigterm", daemon=True).start()
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -442,6 +474,12 @@ def run_command(args: argparse.Namespace) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`bridge dlq list | head`): say nothing more, and keep Python's
+        # final flush of stdout from failing again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,9 @@ def cmd_receive(args: argparse.Namespace) -> int:
         print(f"sample receiver on http://{args.host}:{args.port}, verifying:", flush=True)
         print(describe_endpoints(receiver), flush=True)
 
+    # SIGTERM ends it like Ctrl-C: as PID 1 of a container the kernel drops a signal the process
+    # has no handler for.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         run_event_loop(serve(receiver, args.host, args.port, ready))
     except OSError as exc:
