@@ -15,8 +15,7 @@ from aiohttp import web
 from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
-from bridge.codec.decoding import Decoder
-from bridge.codec.registry import SchemaRegistryClient
+from bridge.codec.build import build_decoder
 from bridge.config.reload import ConfigWatcher
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
@@ -38,26 +37,6 @@ def bound_port(runner: web.AppRunner) -> int:
     """The port the operator server listens on (the one the system chose for port 0)."""
     address = runner.addresses[0]
     return int(address[1])
-
-
-def registry_client(config: Config) -> SchemaRegistryClient:
-    """The schema registry client of the ``schemas`` section, with its credentials."""
-    schemas = config.schemas
-    assert schemas.registry_url is not None  # guaranteed by the loader in registry mode
-    auth = None
-    if schemas.registry_username is not None and schemas.registry_password is not None:
-        auth = (schemas.registry_username, schemas.registry_password.reveal().decode("utf-8"))
-    return SchemaRegistryClient(schemas.registry_url, auth=auth)
-
-
-def build_decoder(config: Config) -> Decoder:
-    """The decoder the configuration asks for: registry-framed or registry-less."""
-    registry = registry_client(config) if config.schemas.mode == "registry" else None
-    return Decoder.from_schema_dir(
-        config.schemas.directory,
-        registry=registry,
-        max_record_bytes=config.schemas.max_record_bytes,
-    )
 
 
 class App:

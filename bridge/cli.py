@@ -7,7 +7,6 @@ Exit codes: 0 success; 1 the command ran and failed (a delivery not received, Ka
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import re
@@ -19,8 +18,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
-
-from confluent_kafka import KafkaException
 
 from bridge import __version__
 from bridge.config.loader import load_config
@@ -115,6 +112,8 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop
     except ImportError:
+        import asyncio
+
         return asyncio.run(main)
     return uvloop.run(main)
 
@@ -130,7 +129,7 @@ async def _run_app(config: Config) -> bool:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate the configuration and schemas, print the webhooks, and reach Kafka."""
-    from bridge.app import build_decoder
+    from bridge.codec.build import build_decoder
 
     config = load_config_argument(args)
     build_decoder(config)
@@ -251,6 +250,8 @@ def _selection(args: argparse.Namespace) -> Selection:
 
 def _dead_letters(config: Config) -> list[DeadLetter]:
     """Every dead letter, or a clear error when the topic cannot be read."""
+    from confluent_kafka import KafkaException
+
     from bridge.ops.dlq import read_dead_letters
 
     try:

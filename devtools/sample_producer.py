@@ -115,7 +115,7 @@ def produce(
     parsed = fastavro.parse_schema(schema)
     prefix = b""
     if config.schemas.mode == "registry":
-        from bridge.app import registry_client
+        from bridge.codec.build import registry_client
 
         with registry_client(config) as registry:
             schema_id = registry.register(f"{config.topics.source}-value", schema)
