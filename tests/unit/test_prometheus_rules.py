@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 ALERTS = PROMETHEUS_DIR / "alerts.yaml"
 ALERT_TESTS = PROMETHEUS_DIR / "alerts.test.yaml"
-PROMETHEUS_RULE = PROMETHEUS_DIR / "prometheusrule.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "bridge-dashboard.json"
 RUNBOOK = REPO / "docs" / "RUNBOOK.md"
 DATASOURCE = "${datasource}"
@@ -197,16 +196,6 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
         own = [case for case in cases if case["alertname"] == rule["alert"]]
         assert any(case["exp_alerts"] for case in own), f"{rule['alert']}: no firing case"
         assert any(not case["exp_alerts"] for case in own), f"{rule['alert']}: no quiet case"
-
-
-def test_prometheus_rule_has_the_same_groups_as_the_rules_file() -> None:
-    resource = yaml.safe_load(PROMETHEUS_RULE.read_text())
-    assert resource["apiVersion"] == "monitoring.coreos.com/v1"
-    assert resource["kind"] == "PrometheusRule"
-    assert resource["metadata"]["name"]
-    assert resource["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"], (
-        "prometheusrule.yaml differs from alerts.yaml: copy alerts.yaml's groups under spec"
-    )
 
 
 def test_every_alert_is_documented_in_the_runbook() -> None:
