@@ -987,6 +987,10 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
 
             _say("https: raw ceiling and the bridge, keep-alive and a connection per request")
             results.update(run_https(stage, HTTPS_QUICK if sizes.quick else HttpsSizes()))
+        if wanted("peers"):
+            from devtools.bench_peers import PEERS_QUICK, PeerSizes, scenario_peers
+
+            results.update(scenario_peers(stage, PEERS_QUICK if sizes.quick else PeerSizes()))
         if wanted("retry"):
             _say("retry timing")
             results["retry_timing"] = scenario_retry_timing(stage, sizes.retry_records, 5)
@@ -1015,10 +1019,11 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         stage.stop_receiver()
         if broker is not None:
             broker.stop()
-    from devtools.bench_https import HTTPS_TARGETS  # (it imports this module)
+    from devtools.bench_https import HTTPS_TARGETS  # (they import this module)
+    from devtools.bench_peers import PEER_TARGETS
 
     results["targets"] = {}
-    for name, check in {**TARGETS, **HTTPS_TARGETS}.items():
+    for name, check in {**TARGETS, **HTTPS_TARGETS, **PEER_TARGETS}.items():
         try:
             results["targets"][name] = bool(check(results))
         except KeyError:
@@ -1055,8 +1060,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         help=(
-            "comma-separated: pure,throughput,latency,config,metrics,reload,https,retry,"
-            "isolation,memory"
+            "comma-separated: pure,throughput,latency,config,metrics,reload,https,peers,"
+            "retry,isolation,memory"
         ),
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "latest.json")

@@ -301,3 +301,14 @@ def test_https_targets() -> None:
     assert not HTTPS_TARGETS["peak RSS under TLS connection churn < 150 MB"](results)
     assert HttpsSizes().churn_records == 100_000 and HttpsSizes().rounds == 3
     assert HTTPS_QUICK.churn_records < HttpsSizes().churn_records
+
+
+def test_peer_backlogs_fail_one_record_in_ten_and_count_the_healthy_ones() -> None:
+    from devtools.bench_peers import FAIL_EVERY, _accounts, _healthy_done
+
+    accounts = _accounts(200, failing=True)
+    assert accounts.count("acct_fail") == 200 // FAIL_EVERY
+    assert set(_accounts(50, failing=False)) == {"acct_ok"}
+    log = [(10.0, "/ok/x", "m1", 200), (12.5, "/fail/x", "m2", 500), (11.0, "/ok/x", "m3", 200)]
+    assert _healthy_done(log, started=9.0) == (2, 2.0)
+    assert _healthy_done([], started=9.0) == (0, 0.0)
