@@ -1,8 +1,20 @@
-"""Configuration: one YAML file read into typed, frozen dataclasses, validated once at load.
+"""Configuration: one YAML file, or a directory of them, read into typed, frozen dataclasses,
+validated once at load.
 
 ``load_config`` collects every problem in the file (unknown keys, wrong types, missing fields, bad
 ranges, unset environment variables, unreadable secret files) and raises them together as one
 :class:`~bridge.core.errors.ConfigError`, each naming ``file:line``, the webhook and the field.
+
+**A directory** (several ConfigMaps projected into one volume: a ConfigMap holds at most 1 MiB,
+about 3,000 webhooks) is the files :func:`bridge.config.directory.config_files` names: ``*.yaml``
+and ``*.yml`` directly in it, in name order, hidden names (Kubernetes' ``..data``) left out. Each
+is a part of the configuration with the schema of a whole file: a section other than
+``webhooks`` may be in one file only (a second one is a problem naming both files), the
+``webhooks`` lists are joined in file order, and a webhook id given twice, in one file or two, is
+a problem naming both places. Every problem names the file it is in; one not tied to a file (no
+file has ``webhooks``) names the directory. :attr:`Config.path` is the directory, and
+:attr:`Config.sources` starts with the directory and the signature of its listing
+(:func:`bridge.config.directory.listing_digest`), then each file.
 Secrets are wrapped in :class:`Secret` so that they never show in reprs, logs or error messages; as
 a last line of defence every secret value the loader saw is masked in the messages too.
 
@@ -20,7 +32,8 @@ loader, whose messages are the ones reported, so the result never depends on whi
 
 Defaults live in the dataclasses below; a key that is absent or ``null`` takes its default.
 Relative paths in the file (``schemas.directory``, ``*_file`` secrets) resolve against the current
-working directory.
+working directory, in a directory's files too (not against the file's own directory: the same
+text means the same file wherever it is kept).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import os
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -46,6 +59,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from bridge.config.directory import config_files, listing_digest
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError
 from bridge.core.settings import (
@@ -73,7 +87,8 @@ from bridge.core.webhook import (
 )
 
 CONFIG_FILE_LIMIT_BYTES: Final = 64 * 1024 * 1024
-"""A configuration file larger than this (64 MiB) is refused unread."""
+"""A configuration file larger than this (64 MiB) is refused unread; so are the files of a
+configuration directory past this size in all."""
 
 SECRET_FILE_LIMIT_BYTES: Final = 1024 * 1024
 """A secret file (``*_file``, ``{file: PATH}`` Kafka properties) larger than this (1 MiB) is
@@ -93,13 +108,16 @@ MAX_PROBLEMS: Final = 1000
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.environ) -> Config:
-    """Read, validate and return the configuration file; raise ConfigError listing every problem.
+    """Read, validate and return the configuration file, or the configuration directory's files
+    merged; raise ConfigError listing every problem.
 
     Never raises anything else: an unexpected exception becomes a ConfigError naming only its type.
     """
     file = Path(path)
     try:
         with _collector_paused():
+            if file.is_dir():
+                return _load_directory(file, environ)
             return _load(file, environ)
     except ConfigError:
         raise
@@ -113,30 +131,88 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.en
 
 def _load(file: Path, environ: Mapping[str, str]) -> Config:
     try:
-        data = _read_limited(file, CONFIG_FILE_LIMIT_BYTES)
-    except _TooLarge:
-        limit = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
-        problem = f"{file}: the file is larger than {limit} MiB; is it the configuration file?"
-        raise ConfigError(str(file), [problem]) from None
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise ConfigError(str(file), [f"{file}: cannot read the file: {reason}"]) from None
-    except ValueError:  # a NUL byte or an unencodable character in the path
-        raise ConfigError(str(file), [f"{file}: cannot read the file: invalid path"]) from None
+        data = _read_config_file(file, CONFIG_FILE_LIMIT_BYTES)
+    except _Unreadable as exc:
+        raise ConfigError(str(file), [f"{file}: {exc}"]) from None
     loader = _Loader(str(file), environ)
     loader.sources.append((file, sha256_hex(data)))
-    config = loader.load(file, data)
+    return _result(loader, file, loader.load(file, [((0, str(file)), data)]))
+
+
+def _load_directory(directory: Path, environ: Mapping[str, str]) -> Config:
+    """The configuration files of ``directory`` merged (see the module's docstring)."""
+    try:
+        files = config_files(directory)
+        signature = listing_digest(directory)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        problem = f"{directory}: cannot list the configuration directory: {reason}"
+        raise ConfigError(str(directory), [problem]) from None
+    if not files:
+        problem = (
+            f"{directory}: no configuration file in the directory (files named *.yaml or "
+            "*.yml directly in it; names starting with '.' are ignored)"
+        )
+        raise ConfigError(str(directory), [problem])
+    loader = _Loader(str(directory), environ)
+    loader.sources.append((directory, signature))
+    documents: list[tuple[_Source, bytes]] = []
+    left = CONFIG_FILE_LIMIT_BYTES  # for the files in all
+    for order, file in enumerate(files, start=1):
+        source = (order, str(file))
+        try:
+            data = _read_config_file(file, min(left, CONFIG_FILE_LIMIT_BYTES))
+        except _Unreadable as exc:
+            reason = str(exc)
+            if exc.too_large and left < CONFIG_FILE_LIMIT_BYTES:
+                limit = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
+                reason = f"the configuration files of the directory add up to more than {limit} MiB"
+            loader.report_in(source, None, reason)
+            if exc.too_large:
+                break
+            continue
+        left -= len(data)
+        loader.sources.append((file, sha256_hex(data)))
+        documents.append((source, data))
+    complete = len(documents) == len(files)
+    return _result(loader, directory, loader.load(directory, documents, complete=complete))
+
+
+def _result(loader: _Loader, path: Path, config: Config | None) -> Config:
+    """``config``, or the ConfigError of the loader's problems (at most MAX_PROBLEMS of them)."""
     problems = loader.problems
     if problems or config is None:
         if len(problems) > MAX_PROBLEMS:
             more = len(problems) - MAX_PROBLEMS
-            problems = [*problems[:MAX_PROBLEMS], f"{file}: ... and {more} more problem(s)"]
-        raise ConfigError(str(file), problems)
+            problems = [*problems[:MAX_PROBLEMS], f"{path}: ... and {more} more problem(s)"]
+        raise ConfigError(str(path), problems)
     return config
 
 
 class _TooLarge(Exception):
     """A file is larger than its limit."""
+
+
+class _Unreadable(Exception):
+    """A configuration file that cannot be read; the message says why (never with the path)."""
+
+    def __init__(self, reason: str, too_large: bool = False) -> None:
+        super().__init__(reason)
+        self.too_large = too_large
+
+
+def _read_config_file(file: Path, limit: int) -> bytes:
+    """The bytes of one configuration file, or _Unreadable."""
+    try:
+        return _read_limited(file, limit)
+    except _TooLarge:
+        size = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
+        reason = f"the file is larger than {size} MiB; is it the configuration file?"
+        raise _Unreadable(reason, too_large=True) from None
+    except OSError as exc:
+        raise _Unreadable(f"cannot read the file: {exc.strerror or type(exc).__name__}") from None
+    except ValueError:  # a NUL byte or an unencodable character in the path
+        raise _Unreadable("cannot read the file: invalid path") from None
 
 
 _collector_lock = threading.Lock()
@@ -546,6 +622,10 @@ _WEBHOOK_FIELDS: Final = {
 Where: TypeAlias = Callable[[str], str]
 """Names a field for a message: ``field 'retry.attempts'`` or ``webhook 'x': field 'url'``."""
 
+_Source: TypeAlias = tuple[int, str]
+"""Where a problem is: the position of its file (0 for the directory itself, or a lone file) and
+the path its message starts with."""
+
 
 @dataclass(slots=True)
 class _Values:
@@ -556,6 +636,7 @@ class _Values:
     node: Node | None
     where: Where
     given: set[str] = field(default_factory=set)  # keys with a value, valid or not
+    source: _Source = (0, "")  # the file the mapping is in
 
 
 _SPEC_ORDERS: dict[int, tuple[Mapping[str, _Field], dict[str, int], tuple[str, ...]]] = {}
@@ -810,7 +891,9 @@ class _Loader:
         self.path = path
         self.environ = environ
         self.sources: list[tuple[Path, str]] = []
-        self._problems: list[tuple[int, str, str]] = []
+        # Each problem: its file, its line (0: none), ":line" or "", and the text.
+        self._problems: list[tuple[_Source, int, str, str]] = []
+        self._source: _Source = (0, path)  # the file being read (its problems name it)
         self._secret_texts: set[str] = set()
         self._constructor = SafeConstructor()
         # The outbound policy of the delivery section, and its verdict on each literal address.
@@ -825,10 +908,11 @@ class _Loader:
             reverse=True,
         )
         problems = []
-        for _, place, text in sorted(self._problems, key=lambda problem: problem[0]):
+        ordered = sorted(self._problems, key=lambda problem: (problem[0][0], problem[1]))
+        for source, _, place, text in ordered:
             for secret in secrets:
                 text = text.replace(secret, "***")
-            problems.append(f"{self.path}{place}: {_printable(_mask_userinfo(text))}")
+            problems.append(f"{source[1]}{place}: {_printable(_mask_userinfo(text))}")
         return problems
 
     def remember_document_secrets(self, root: Node) -> None:
@@ -880,43 +964,90 @@ class _Loader:
         self._secret_texts.add(text.strip())
 
     def report(self, line: int | None, text: str) -> None:
-        """Record one problem at a 1-based line (None: not tied to a line)."""
+        """Record one problem of the file being read at a 1-based line (None: not tied to a
+        line)."""
         place = "" if line is None else f":{line}"
-        self._problems.append((line or 0, place, text))
+        self._problems.append((self._source, line or 0, place, text))
+
+    def report_in(self, source: _Source, line: int | None, text: str) -> None:
+        """Record one problem of the file ``source``, which is read from now on."""
+        self._source = source
+        self.report(line, text)
+
+    def within(self, section: _Values) -> _Values:
+        """``section``, its file being read from now on (its problems name it)."""
+        self._source = section.source
+        return section
 
     def problem(self, node: Node | None, where: str, message: str) -> None:
         """Record a problem with a field or section, at the line of ``node``."""
         self.report(None if node is None else node.start_mark.line + 1, f"{where}: {message}")
 
-    def load(self, file: Path, data: bytes) -> Config | None:
-        root = self.compose(data)
-        if root is None:
+    def load(
+        self, path: Path, documents: Sequence[tuple[_Source, bytes]], complete: bool = True
+    ) -> Config | None:
+        """The configuration of one file (one document, its source ``(0, path)``) or of the
+        files of the directory ``path`` in order (``complete`` False when some could not be
+        read); None when no document could be read as a mapping."""
+        tops: list[tuple[_Source, Node, dict[str, tuple[Node, Node]]]] = []
+        for source, data in documents:
+            self._source = source
+            root = self.compose(data)
+            top = None if root is None else self.mapping(root, "the top level")
+            if root is None or top is None:
+                complete = False
+                continue
+            for key, (key_node, _) in top.items():
+                if key not in _TOP_LEVEL:
+                    self.problem(key_node, f"section '{_clip(key)}'", self.unknown(key, _TOP_LEVEL))
+            tops.append((source, root, top))
+        if not tops:
             return None
-        top = self.mapping(root, "the top level")
-        if top is None:
-            return None
-        for key, (key_node, _) in top.items():
-            if key not in _TOP_LEVEL:
-                self.problem(key_node, f"section '{_clip(key)}'", self.unknown(key, _TOP_LEVEL))
-        sections = {
-            name: self.section(top.get(name, (None, None))[1], spec, _section_where(name))
-            for name, spec in _SECTIONS.items()
-        }
+        placed: dict[str, tuple[_Source, Node, Node]] = {}  # section: its file, key and value
+        lists: list[tuple[_Source, Node]] = []  # the webhooks lists, in file order
+        for source, _root, top in tops:
+            for key, (key_node, value_node) in top.items():
+                if key == "webhooks":
+                    lists.append((source, value_node))
+                elif key in _SECTIONS and key not in placed:
+                    placed[key] = (source, key_node, value_node)
+                elif key in _SECTIONS:
+                    self._source = source
+                    first, first_key, _ = placed[key]
+                    self.problem(
+                        key_node,
+                        f"section '{key}'",
+                        f"also in {first[1]}:{first_key.start_mark.line + 1} (a section other "
+                        "than 'webhooks' may be in one file of the directory only)",
+                    )
+        sections = {}
+        for name, spec in _SECTIONS.items():
+            entry = placed.get(name)
+            self._source = (0, self.path) if entry is None else entry[0]  # absent: the directory
+            sections[name] = self.section(entry and entry[2], spec, _section_where(name))
         delivery_values = sections["delivery"].values
-        tls = self.tls(sections["delivery"], TlsSettings())
+        tls = self.tls(self.within(sections["delivery"]), TlsSettings())
         delivery = DeliveryConfig(
             **{k: v for k, v in delivery_values.items() if k not in _TLS_FIELDS}, tls=tls
         )
         webhooks: tuple[Webhook, ...] = ()
-        if "webhooks" not in top:
+        if lists:
+            webhooks = self.webhooks(lists, delivery)
+        elif tops[0][0][0] == 0:  # a lone file (not a directory's): at its first line
+            self._source, root, _top = tops[0]
             self.problem(root, "section 'webhooks'", "missing (required; may be an empty list [])")
-        else:
-            webhooks = self.webhooks(top["webhooks"][1], delivery)
+        elif complete:
+            self.report_in(
+                (0, self.path),
+                None,
+                "section 'webhooks': missing from every file (required in one of them; may be "
+                "an empty list [])",
+            )
         return Config(
-            path=file,
-            kafka=self.kafka(sections["kafka"]),
-            schemas=self.schemas(sections["schemas"]),
-            topics=self.topics(sections["topics"]),
+            path=path,
+            kafka=self.kafka(self.within(sections["kafka"])),
+            schemas=self.schemas(self.within(sections["schemas"])),
+            topics=self.topics(self.within(sections["topics"])),
             retry=RetryConfig(**sections["retry"].values),
             delivery=delivery,
             metrics=MetricsConfig(**sections["metrics"].values),
@@ -1016,7 +1147,7 @@ class _Loader:
 
     def section(self, node: Node | None, spec: Mapping[str, _Field], where: Where) -> _Values:
         """Convert the fields of one mapping; absent and null fields are left out (defaults)."""
-        result = _Values({}, {}, node, where)
+        result = _Values({}, {}, node, where, source=self._source)
         entries = {} if node is None else self.mapping(node, where(""))
         if entries is None:
             return result
@@ -1305,24 +1436,32 @@ class _Loader:
             return None
         return Secret(value)
 
-    def webhooks(self, node: Node, delivery: DeliveryConfig) -> tuple[Webhook, ...]:
-        if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
-            self.problem(node, "section 'webhooks'", "must be a list of webhooks")
-            return ()
+    def webhooks(
+        self, lists: Sequence[tuple[_Source, Node]], delivery: DeliveryConfig
+    ) -> tuple[Webhook, ...]:
+        """The webhooks of every ``webhooks`` list (one per file), joined in order; an id given
+        twice is a problem naming where it was first given."""
         webhooks: list[Webhook] = []
-        first_line: dict[str, int] = {}
-        for index, item in enumerate(node.value, start=1):
-            given_id = _given_id(item)
-            if given_id in first_line:
-                message = f"duplicate webhook id (first defined on line {first_line[given_id]})"
-                self.problem(item, f"webhook '{given_id}': field 'id'", message)
-            elif given_id is not None:
-                first_line[given_id] = item.start_mark.line + 1
-            webhook = self.webhook(
-                item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
-            )
-            if webhook is not None:
-                webhooks.append(webhook)
+        first: dict[str, tuple[_Source, int]] = {}  # each id: its file and line
+        for source, node in lists:
+            self._source = source
+            if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
+                self.problem(node, "section 'webhooks'", "must be a list of webhooks")
+                continue
+            for index, item in enumerate(node.value, start=1):
+                given_id = _given_id(item)
+                seen = None if given_id is None else first.get(given_id)
+                if seen is not None:
+                    place = f"line {seen[1]}" if seen[0] == source else f"{seen[0][1]}:{seen[1]}"
+                    message = f"duplicate webhook id (first defined on {place})"
+                    self.problem(item, f"webhook '{given_id}': field 'id'", message)
+                elif given_id is not None:
+                    first[given_id] = (source, item.start_mark.line + 1)
+                webhook = self.webhook(
+                    item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
+                )
+                if webhook is not None:
+                    webhooks.append(webhook)
         return tuple(webhooks)
 
     def webhook(self, node: Node, name: str, delivery: DeliveryConfig) -> Webhook | None:

@@ -1,13 +1,20 @@
-"""Hot reload: watch the configuration file (and its secret files) and apply valid changes.
+"""Hot reload: watch the configuration file or directory (and its secret files) and apply valid
+changes.
 
-The watcher polls every file the current configuration was read from, through its path, so it
-sees in-place edits, replaced files and Kubernetes' ConfigMap and Secret updates (an atomic swap
-of the ``..data`` symlink) alike: every ``interval_seconds`` (0.1 s) it compares each file's
-``stat`` (device, inode, size, modification and change times) with the last one seen and hashes
-the files whose ``stat`` moved; every ``HASH_EVERY_S`` it hashes them all (SHA-256) whatever
-``stat`` says. Only the content decides: a file touched but not changed is not reloaded. A change
-is loaded once the files have stayed the same for ``SETTLE_S`` (at most ``SETTLE_MAX_S`` after it
-was seen), so a file written in several steps, or several times in a row, is loaded once.
+The watcher polls every file the current configuration was read from (:attr:`Config.sources`),
+through its path, so it sees in-place edits, replaced files and Kubernetes' ConfigMap and Secret
+updates (an atomic swap of the ``..data`` symlink) alike: every ``interval_seconds`` (0.1 s) it
+compares each file's ``stat`` (device, inode, size, modification and change times) with the last
+one seen and hashes the files whose ``stat`` moved; every ``HASH_EVERY_S`` it hashes them all
+(SHA-256) whatever ``stat`` says. A configuration directory is one more thing watched, first in the
+sources: its listing, whose "content" is the signature
+:func:`~bridge.config.directory.listing_digest` (the names of its configuration files and whether
+each leads to a file), so a file added to it or removed from it is a change like an edit (the files
+it holds are watched one by one, through their visible names, and so is a file not in force, added
+with a mistake: fixing it is a change). Only the content decides: a file touched but not changed is
+not reloaded. A change is loaded once the files have stayed the same for ``SETTLE_S`` (at most
+``SETTLE_MAX_S`` after it was seen), so a file written in several steps, several times in a row, or
+a Kubernetes update (new files, ``..data`` swapped, names added and removed) is loaded once.
 
 A changed, valid configuration is handed to ``on_change``; an invalid one is logged and handed to
 ``on_error``, and the current one stays in force. While the file stays invalid it is loaded again
@@ -19,7 +26,7 @@ CPU that, on a thread, holds the interpreter lock (PyYAML's C parser releases no
 it every delivery: py-spy saw the loading thread hold the lock for 72 % of the samples of a
 reload. With ``isolated=True`` (what ``bridge run`` uses) the file is loaded in a child process
 (:func:`worker_main`, at niceness ``WORKER_NICE``): a fresh interpreter, started ahead of time so
-its imports are done when a change comes, loads one file, answers, and exits. What comes back is
+its imports are done when a change comes, loads the files, answers, and exits. What comes back is
 small: the non-webhook sections, a digest of each webhook that changed, the webhooks whose digest
 differs from the one in force (the watcher sends those it has) and, only when webhooks were
 removed or moved, the ids in their new order. The event loop unpickles the webhooks ``CHUNK`` at
@@ -62,6 +69,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from bridge.config.directory import config_files, listing_digest
 from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
@@ -87,10 +95,13 @@ _StatKey = tuple[int, int, int, int, int]
 
 
 def _fingerprint(path: Path) -> str | None:
-    """SHA-256 of the file's current content (following symlinks), None when it cannot be read."""
+    """SHA-256 of the file's current content (following symlinks), or the signature of a
+    directory's listing (as the loader computes it); None when it cannot be read."""
     try:
+        if path.is_dir():
+            return listing_digest(path)
         return sha256_hex(path.read_bytes())
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
@@ -197,7 +208,7 @@ class ConfigWatcher:
 
         While the file on disk is rejected and no file changed since, it is loaded again only if
         ``retry_rejected``."""
-        paths = [source for source, _digest in self._current.sources]
+        paths = self._watched()
         now = time.monotonic()
         seen = None
         if now < self._hash_at and len(paths) <= STAT_ON_LOOP:
@@ -227,6 +238,19 @@ class ConfigWatcher:
                 extra={"fields": {"path": result.path, "problems": result.problems}},
             )
             self._on_error(result)
+
+    def _watched(self) -> list[Path]:
+        """The files the configuration in force was read from and, for a directory, its
+        configuration files not in force (there only while they are rejected, or for the moment
+        before a reload: a file added with a mistake, then fixed, is a change seen at once
+        rather than at the next ``REJECTED_RETRY_S``)."""
+        paths = [source for source, _digest in self._current.sources]
+        directory = self._current.path
+        if paths and paths[0] == directory and directory.is_dir():
+            with contextlib.suppress(OSError):
+                known = set(paths)
+                paths += [path for path in config_files(directory) if path not in known]
+        return paths
 
     async def _settle(
         self, paths: Sequence[Path], seen: tuple[str | None, ...]

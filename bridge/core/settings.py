@@ -150,7 +150,9 @@ class Config:
     """The whole validated configuration.
 
     ``sources`` lists every file that was read (the YAML file first, then secret files) with the
-    SHA-256 of the bytes read, so that a watcher can tell when any of them changes.
+    SHA-256 of the bytes read, so that a watcher can tell when any of them changes. For a
+    configuration directory (``path`` is then the directory) the directory comes first, with the
+    signature of its listing (:func:`bridge.config.directory.listing_digest`), then its files.
     """
 
     path: Path

@@ -410,3 +410,57 @@ def test_status_shows_a_failing_webhook_and_bridge_status_prints_it(
         check=False,
     )
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["webhooks"][0]["id"] == "down"
+
+
+def test_a_config_directory_gets_a_webhook_through_a_kubelet_swap_and_delivers_to_it(
+    receiver: Receiver, bridge_setup: Setup, tmp_path: Path
+) -> None:
+    """``bridge run -c DIR`` on a volume written as kubelet writes a projected ConfigMap volume:
+    a second ConfigMap's file appears through a ``..data`` swap, the running bridge reloads it
+    (in its child process) and delivers to the new webhook, still delivering to the first."""
+    from tests.bridge_harness import BridgeProcess
+    from tests.kubelet_volume import AtomicWriter
+
+    setup = bridge_setup([webhook("first", "acct_1", receiver.url("/first"))])
+    document = yaml.safe_load(setup.config_path.read_text())
+    first_hooks = {"webhooks": document.pop("webhooks")}
+    bridge = BridgeProcess(tmp_path / "etc-bridge", tmp_path / "bridge-directory.log")
+    document["metrics"]["port"] = bridge.port
+    base = yaml.safe_dump(document, sort_keys=False)
+    writer = AtomicWriter(bridge.config_path)
+    writer.write({"bridge.yaml": base, "webhooks-a.yaml": yaml.safe_dump(first_hooks)})
+    with bridge.log_path.open("ab") as log:
+        bridge.process = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "run", "-c", str(bridge.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    setup.processes.append(bridge)  # stopped at the end of the test
+    wait_for(lambda: bridge.gauge("bridge_assigned_partitions") > 0, 60, message="assignment")
+    setup.produce_records([make_record("tx-dir-first", "acct_1")])
+    wait_for(lambda: receiver.received_ids("/first"), 30, message="delivery to the first file's")
+
+    second_hooks = {"webhooks": [webhook("second", "acct_2", receiver.url("/second"))]}
+    writer.write(
+        {
+            "bridge.yaml": base,
+            "webhooks-a.yaml": yaml.safe_dump(first_hooks),
+            "webhooks-b.yaml": yaml.safe_dump(second_hooks),
+        }
+    )
+    wait_for(
+        lambda: bridge.gauge("bridge_config_reloads_total", 'result="applied"') == 1,
+        30,
+        message="the swapped volume to apply",
+    )
+    setup.produce_records(
+        [make_record("tx-dir-second", "acct_2"), make_record("tx-dir-first-again", "acct_1")]
+    )
+    wait_for(lambda: receiver.received_ids("/second"), 30, message="delivery to the new webhook")
+    wait_for(lambda: len(receiver.received_ids("/first")) == 2, 30, message="the first still")
+    state = json.loads(bridge.http("/readyz")[1])["config"]
+    assert state == {"path": str(bridge.config_path), "in_force": True, "rejected": []}
+    assert bridge.gauge("bridge_config_reloads_total", 'result="rejected"') == 0
+    assert bridge.terminate() == 0

@@ -114,7 +114,8 @@ def run_main(argv: list[str]) -> int:
     ("argv", "said"),
     [
         (["check", "--offline", "-c", "{missing}"], "cannot read the file"),
-        (["check", "--offline", "-c", "{folder}"], "cannot read the file"),
+        (["check", "--offline", "-c", "{folder}"], "no configuration file in the directory"),
+        (["check", "--offline", "-c", "{files}"], "{list}:1: the top level"),
         (["check", "--offline", "-c", "{binary}"], "{binary}"),
         (["check", "--offline", "-c", "{empty}"], "{empty}"),
         (["check", "--offline", "-c", "{list}"], "{list}"),
@@ -132,11 +133,13 @@ def test_malformed_input_exits_2_with_one_clear_message(
 ) -> None:
     files = {
         "missing": tmp_path / "missing.yaml",
-        "folder": tmp_path,
+        "folder": tmp_path / "no-yaml-here",
+        "files": tmp_path,  # a configuration directory: its files' problems, each named
         "binary": tmp_path / "binary.yaml",
         "empty": tmp_path / "empty.yaml",
         "list": tmp_path / "list.yaml",
     }
+    files["folder"].mkdir()
     files["binary"].write_bytes(b"\xff\xfe\x00 not text")
     files["empty"].write_text("")
     files["list"].write_text("- just\n- a list\n")

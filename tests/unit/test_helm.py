@@ -386,6 +386,112 @@ def test_an_existing_configmap_replaces_the_inline_configuration() -> None:
     assert "set keda.consumerGroup and keda.topic" in refused(set_values=settings)
 
 
+# ---- several ConfigMaps, one configuration directory -----------------------------------------
+
+EXTRA_CONFIGMAPS = {"config.extraConfigMaps": "{team-a-webhooks,team-b-webhooks}"}
+SECRETS_DIR = "/var/run/secrets/bridge"
+IMAGE_SCHEMAS_DIR = "/opt/bridge/schemas"
+
+
+def config_volume(manifests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The container and its configuration volume."""
+    pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    result: tuple[dict[str, Any], dict[str, Any]] = (container, volume)
+    return result
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_several_configmaps_are_projected_into_one_directory_the_bridge_reads(
+    version: str,
+) -> None:
+    manifests = render(set_values={**EVERYTHING, **EXTRA_CONFIGMAPS}, kube_version=f"v{version}.0")
+    container, volume = config_volume(manifests)
+    assert "configMap" not in volume
+    assert volume["projected"]["sources"] == [
+        {"configMap": {"name": "transaction-webhook-bridge-config"}},
+        {"configMap": {"name": "team-a-webhooks"}},
+        {"configMap": {"name": "team-b-webhooks"}},
+    ]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    assert mount == {"name": "config", "mountPath": "/etc/bridge", "readOnly": True}
+    assert container["args"] == ["run", "--config", "/etc/bridge"], "the directory itself"
+    assert {"name": "BRIDGE_CONFIG", "value": "/etc/bridge"} in container["env"]
+    for manifest in manifests:
+        if not is_custom(manifest):
+            kubernetes_validate.validate(manifest, version, strict=True)
+
+    existing = render(set_values={**EXTRA_CONFIGMAPS, "config.existingConfigMap": "my-base"})
+    sources = config_volume(existing)[1]["projected"]["sources"]
+    assert [source["configMap"]["name"] for source in sources] == [
+        "my-base",
+        "team-a-webhooks",
+        "team-b-webhooks",
+    ]
+    container, volume = config_volume(render())
+    assert volume["configMap"] == {"name": "transaction-webhook-bridge-config"}, "as before"
+    assert container["args"] == ["run", "--config", "/etc/bridge/bridge.yaml"]
+
+
+def test_extra_configmaps_the_bridge_would_not_read_are_refused() -> None:
+    message = refused(set_values={**EXTRA_CONFIGMAPS, "config.key": "bridge.conf"})
+    assert "config.key (bridge.conf) must end in .yaml or .yml" in message
+    own = {"config.extraConfigMaps": "{transaction-webhook-bridge-config}"}
+    assert "the configuration's own ConfigMap" in refused(set_values=own)
+    schema = "values don't meet the specifications of the schema"
+    assert schema in refused(set_values={"config.extraConfigMaps": "{Team_A}"})
+    assert schema in refused(set_values={"config.extraConfigMaps": "{a,a}"})
+
+
+def test_the_bridge_loads_the_projected_directory_as_kubelet_writes_it(tmp_path: Path) -> None:
+    """The chart's ConfigMap and two more, written into one directory as kubelet projects them:
+    the bridge reads it as the container's arguments say, webhooks joined in file name order."""
+    from bridge.config.loader import load_config
+    from tests.kubelet_volume import AtomicWriter
+
+    manifests = render(set_values=EXTRA_CONFIGMAPS)
+    own = one(manifests, "ConfigMap", "transaction-webhook-bridge-config")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "team").write_text("secret-of-the-teams\n")
+    (example,) = yaml.safe_load_all((REPO / "deploy" / "helm" / "secret.example.yaml").read_text())
+    for key, value in example["stringData"].items():
+        (secrets / key).write_text(value + "\n")
+
+    def team(name: str) -> str:
+        hook = {
+            "id": f"{name}-1",
+            "account": f"acct_{name}",
+            "url": f"https://{name}.example/hook",
+            "events": ["transaction.success"],
+            "secret_file": f"{SECRETS_DIR}/team",
+        }
+        return yaml.safe_dump({"webhooks": [hook]})
+
+    payload = {
+        **own["data"],
+        "team-b.yml": team("team-b"),  # one key of ConfigMap team-b-webhooks
+        "team-a.yaml": team("team-a"),  # one key of ConfigMap team-a-webhooks
+    }
+    volume = tmp_path / "etc-bridge"
+    AtomicWriter(volume).write(
+        {
+            key: text.replace(SECRETS_DIR, str(secrets)).replace(
+                IMAGE_SCHEMAS_DIR, str(REPO / "schemas")
+            )
+            for key, text in payload.items()
+        }
+    )
+    (container, _volume) = config_volume(manifests)
+    assert container["args"][2] == "/etc/bridge"  # the mount path: here, ``volume``
+
+    config = load_config(volume, {})
+
+    assert [w.id for w in config.webhooks] == ["shop-main", "shop-alerts", "team-a-1", "team-b-1"]
+    assert config.topics.partitions == 6, "the other sections come from config.bridge"
+
+
 def test_kafka_settings_roll_the_pods_but_the_bridge_configuration_does_not() -> None:
     def annotations(**settings: str) -> dict[str, str]:
         deployment = one(render(set_values=settings), "Deployment")

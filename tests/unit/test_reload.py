@@ -1,5 +1,6 @@
 """Hot reload with real files: edits, Kubernetes' symlink swap, secret files, invalid files; the
-load in a child process, and the index of the webhooks updated rather than rebuilt."""
+load in a child process, the index of the webhooks updated rather than rebuilt, and a
+configuration directory updated as kubelet updates a projected volume."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.config.directory import listing_digest
 from bridge.config.loader import load_config
 from bridge.config.reload import ConfigWatcher
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
 from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Secret, Webhook
+from tests.kubelet_volume import AtomicWriter
 
 TEMPLATE = """\
 webhooks:
@@ -559,3 +562,186 @@ def test_updated_matches_a_rebuild_for_any_edit(edits: list[tuple[int, int, int]
         updated = index.updated(current)
         assert same_index(updated, Subscriptions(current))
         index = updated
+
+
+# ---- a configuration directory (several ConfigMaps projected into one volume) ---------------
+
+
+def volume_hooks(*ids: str, host: str = "example") -> str:
+    """A file of a configuration directory holding only these webhooks."""
+    lines = ["webhooks:"]
+    for hook_id in ids:
+        lines += [
+            f"  - id: {hook_id}",
+            "    account: acct_1",
+            f"    url: https://{hook_id}.{host}/hook",
+            "    events: [transaction.success]",
+            f"    secret: secret-of-{hook_id}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+VOLUME_BASE = "retry: {attempts: 2}\nlogging: {level: debug}\n"
+
+
+@pytest.mark.parametrize("in_child", [False, True], ids=["thread", "isolated"])
+def test_a_directory_follows_kubelet_updates_of_a_projected_volume(
+    tmp_path: Path, in_child: bool
+) -> None:
+    """Every update is written as kubelet writes it (new timestamped directory, ``..data``
+    swapped, visible names added and removed): a file changed, added, removed; an invalid update
+    is rejected naming both files, and the next good one applies."""
+    volume = tmp_path / "etc-bridge"
+    writer = AtomicWriter(volume)
+    writer.write({"base.yaml": VOLUME_BASE, "shops.yaml": volume_hooks("shop-1", "shop-2")})
+    recorder = isolated(volume) if in_child else Recorder(volume)
+
+    def ids(config: Config) -> list[str]:
+        return [w.id for w in config.webhooks]
+
+    async def step(payload: dict[str, str], changes: int, errors: int = 0) -> None:
+        writer.write(payload)
+        await wait_until(
+            lambda: (len(recorder.changes), len(recorder.errors)) == (changes, errors), 60
+        )
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recorder.watcher.run())
+        try:
+            if in_child:
+                await wait_until(lambda: recorder.watcher.primed, timeout=60)
+            base = {"base.yaml": VOLUME_BASE}
+            await step({**base, "shops.yaml": volume_hooks("shop-1", "shop-2", host="new")}, 1)
+            await step(
+                {
+                    **base,
+                    "shops.yaml": volume_hooks("shop-1", "shop-2", host="new"),
+                    "zz-alerts.yaml": volume_hooks("alerts"),
+                },
+                2,
+            )
+            await step({**base, "zz-alerts.yaml": volume_hooks("alerts")}, 3)
+            assert not (volume / "shops.yaml").exists(), "its visible name is gone"
+            bad = {**base, "a.yaml": volume_hooks("x"), "zz-alerts.yaml": volume_hooks("x")}
+            await step(bad, 3, errors=1)
+            assert ids(recorder.watcher.current) == ["alerts"], "the old one stays in force"
+            await step({**base, "a.yaml": volume_hooks("x"), "zz-alerts.yaml": ""}, 4, errors=1)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    assert [ids(c) for c in recorder.changes] == [
+        ["shop-1", "shop-2"],
+        ["shop-1", "shop-2", "alerts"],
+        ["alerts"],
+        ["x"],
+    ]
+    assert recorder.changes[0].webhooks[0].url == "https://shop-1.new/hook"
+    assert all(c.retry.attempts == 2 and c.path == volume for c in recorder.changes)
+    (error,) = recorder.errors
+    assert error.problems == [
+        f"{volume / 'zz-alerts.yaml'}:2: webhook 'x': field 'id': duplicate webhook id "
+        f"(first defined on {volume / 'a.yaml'}:2)"
+    ]
+    assert recorder.watcher.rejected == [] and recorder.watcher.current is recorder.changes[-1]
+    assert [p.name for p in volume.iterdir() if p.name.startswith("..2")] == [
+        os.readlink(volume / "..data")
+    ], "one timestamped directory left, the one ..data names"
+
+
+def test_a_plain_directory_reloads_when_a_file_is_added_or_removed_and_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "conf.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(VOLUME_BASE + volume_hooks("one"))
+    recorder = Recorder(folder)
+    import bridge.config.reload
+
+    loads = []
+
+    def counting(*args: object) -> Config:
+        loads.append(args)
+        return load_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+
+    async def scenario() -> None:
+        await recorder.watcher.poll()
+        (folder / "README.md").write_text("not a configuration file")
+        (folder / ".b.yaml.swp").write_text("an editor's file")
+        await recorder.watcher.poll()
+        assert loads == [], "names that are not configuration files change nothing"
+        (folder / "b.yml").write_text(volume_hooks("two"))
+        await recorder.watcher.poll()
+        (folder / "a.yaml").rename(folder / "c.yaml")  # the same files in another order
+        await recorder.watcher.poll()
+        (folder / "b.yml").unlink()
+        await recorder.watcher.poll()
+        (folder / "c.yaml").write_text(VOLUME_BASE + volume_hooks("three"))
+        await recorder.watcher.poll()
+
+    asyncio.run(scenario())
+    assert [[w.id for w in c.webhooks] for c in recorder.changes] == [
+        ["one", "two"],
+        ["two", "one"],
+        ["one"],
+        ["three"],
+    ]
+    assert recorder.errors == [] and len(loads) == 4, "one load per change, none in between"
+    assert recorder.watcher.current.sources[0] == (folder, listing_digest(folder))
+
+
+def test_fixing_a_file_added_with_a_mistake_is_seen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rejected file is not in force, so not among the sources: it is watched all the same,
+    and its fix loads at once (not at the next retry), with no load in between."""
+    folder = tmp_path / "conf.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(VOLUME_BASE + volume_hooks("one"))
+    recorder = Recorder(folder)
+    import bridge.config.reload
+
+    loads = []
+
+    def counting(*args: object) -> Config:
+        loads.append(args)
+        return load_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+
+    async def scenario() -> None:
+        (folder / "b.yaml").write_text(volume_hooks("two").replace("acct_1", "''"))
+        await recorder.watcher.poll()
+        assert len(recorder.errors) == 1
+        for _ in range(3):
+            await recorder.watcher.poll(retry_rejected=False)
+        assert len(loads) == 1, "nothing changed since: not loaded again"
+        (folder / "b.yaml").write_text(volume_hooks("two"))
+        await recorder.watcher.poll(retry_rejected=False)
+
+    asyncio.run(scenario())
+    assert len(loads) == 2 and len(recorder.errors) == 1
+    assert [[w.id for w in c.webhooks] for c in recorder.changes] == [["one", "two"]]
+
+
+def test_a_directory_emptied_is_rejected_and_refilled_applies(tmp_path: Path) -> None:
+    folder = tmp_path / "conf.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(volume_hooks("one"))
+    recorder = isolated(folder)
+
+    async def scenario() -> None:
+        (folder / "a.yaml").rename(folder / "a.yaml.off")
+        await recorder.watcher.poll()
+        (folder / "b.yaml").write_text(volume_hooks("two"))
+        await recorder.watcher.poll()
+
+    asyncio.run(scenario())
+    assert [e.problems[0].split(" (")[0] for e in recorder.errors] == [
+        f"{folder}: no configuration file in the directory"
+    ]
+    assert [[w.id for w in c.webhooks] for c in recorder.changes] == [["two"]]

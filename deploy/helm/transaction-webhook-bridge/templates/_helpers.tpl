@@ -42,6 +42,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-config" (include "twb.fullname" .)) .Values.config.existingConfigMap }}
 {{- end }}
 
+{{/* What the bridge reads: the configuration file in /etc/bridge, or with config.extraConfigMaps
+the directory /etc/bridge itself (every *.yaml / *.yml file of the ConfigMaps, merged). */}}
+{{- define "twb.configPath" -}}
+{{- if .Values.config.extraConfigMaps }}
+{{- print "/etc/bridge" }}
+{{- else }}
+{{- printf "/etc/bridge/%s" .Values.config.key }}
+{{- end }}
+{{- end }}
+
 {{- define "twb.image" -}}
 {{- $image := .Values.image }}
 {{- if $image.digest }}
@@ -68,6 +78,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and $partitions (gt (int .Values.keda.maxReplicaCount) $partitions) }}
 {{- fail (printf "keda.maxReplicaCount (%v) exceeds config.bridge.topics.partitions (%v): the extra replicas would get no partition" .Values.keda.maxReplicaCount $partitions) }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.config.extraConfigMaps }}
+{{- if not (or (hasSuffix ".yaml" $.Values.config.key) (hasSuffix ".yml" $.Values.config.key)) }}
+{{- fail (printf "config.key (%s) must end in .yaml or .yml with config.extraConfigMaps: the bridge reads only such files of the directory" $.Values.config.key) }}
+{{- end }}
+{{- if has (include "twb.configMapName" $) . }}
+{{- fail (printf "config.extraConfigMaps names %s, the configuration's own ConfigMap" (include "twb.configMapName" $)) }}
 {{- end }}
 {{- end }}
 {{- if and .Values.keda.enabled (gt (int .Values.replicaCount) (int .Values.keda.maxReplicaCount)) }}
