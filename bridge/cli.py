@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
+SECURITY_HINT = (
+    "check kafka.security_protocol, sasl_* and the ssl.* kafka.properties "
+    "(or KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*)"
+)
 
 
 class CliError(Exception):
@@ -62,8 +66,8 @@ def load_config_argument(args: argparse.Namespace) -> Config:
     path = args.config or os.environ.get(CONFIG_ENV)
     if not path:
         raise CliError(
-            "no configuration file given",
-            hint=f"pass --config FILE or set {CONFIG_ENV} (see config/bridge.example.yaml)",
+            "no configuration given",
+            hint=f"pass --config FILE|DIR or set {CONFIG_ENV} (see config/bridge.example.yaml)",
             code=EXIT_USAGE,
         )
     return load_config(path)
@@ -94,11 +98,16 @@ def parse_time(text: str, now: float | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume and deliver until SIGTERM/SIGINT."""
+    from bridge.kafka.security import KafkaSecurityError
     from bridge.ops import logs
 
     config = load_config_argument(args)
     logs.configure(config.logging.format, config.logging.level)
-    if not run_event_loop(_run_app(config)):
+    try:
+        clean = run_event_loop(_run_app(config))
+    except KafkaSecurityError as exc:  # logged as kafka.start_failed; no retry can mend it
+        raise CliError(str(exc), hint=SECURITY_HINT) from None
+    if not clean:
         # A step of the shutdown was cut at the grace deadline (the broker unreachable, say):
         # its thread may still be blocked in librdkafka, and waiting for it at interpreter exit
         # would outlive the grace period. Everything that could be settled is; exit now.
@@ -153,11 +162,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if args.offline:
         return EXIT_OK
-    from confluent_kafka.admin import AdminClient
+    from bridge.kafka.security import KafkaSecurityError, probe_cluster
 
-    admin = AdminClient({**config.kafka_settings(), "log_level": 0})
     try:
-        metadata = admin.list_topics(timeout=args.timeout)
+        metadata = probe_cluster({**config.kafka_settings(), "log_level": 0}, args.timeout)
+    except KafkaSecurityError as exc:
+        raise CliError(
+            str(exc),
+            hint=SECURITY_HINT,
+        ) from exc
     except Exception as exc:
         raise CliError(
             f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
@@ -349,7 +362,9 @@ def _status_base(args: argparse.Namespace) -> str:
 def config_argument() -> argparse.ArgumentParser:
     """The ``-c/--config`` option, as a parent parser for the subcommands that read the file."""
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("-c", "--config", help=f"configuration file (default: ${CONFIG_ENV})")
+    parent.add_argument(
+        "-c", "--config", help=f"configuration file or directory (default: ${CONFIG_ENV})"
+    )
     return parent
 
 

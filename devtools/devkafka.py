@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
@@ -31,6 +33,12 @@ KAFKA_METADATA_URL = (
 )
 MIN_JAVA = 17
 START_TIMEOUT_S = 90.0
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+BROKER_USER = "broker"
+"""The secured broker's own SCRAM identity (inter-broker traffic), a super user."""
+PRINCIPAL_RULES = "RULE:^(?:.*,)?CN=([^,]+)(?:,.*)?$/$1/,DEFAULT"
+"""A client certificate's principal is its CN (``User:bridge``, not the whole DN)."""
+_SCRAM_TEXT = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 class BrokerError(Exception):
@@ -134,12 +142,99 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """The TLS identity, the trusted CAs and the SCRAM users of a secured broker.
+
+    A broker given one listens, next to its plaintext listener (loopback, for the tooling: its
+    anonymous principal is a super user), on ``SASL_SSL`` (SCRAM-SHA-512 required) and on ``SSL``
+    (a client certificate required: mutual TLS). Inter-broker traffic goes over ``SASL_SSL`` as
+    :data:`BROKER_USER`. With ``authorizer`` the StandardAuthorizer is on: other principals need
+    ACLs (``User:NAME`` for SCRAM users, ``User:CN`` for client certificates).
+    """
+
+    key_pem: bytes
+    """The broker's private key, PEM in any form (written out as unencrypted PKCS#8)."""
+    cert_chain_pem: bytes
+    """The broker's certificate (valid for 127.0.0.1), then the CAs that issued it."""
+    trusted_pem: bytes
+    """CAs the broker trusts: for client certificates, and its own (inter-broker) connections."""
+    scram_users: Mapping[str, str] = field(default_factory=dict)
+    """SCRAM-SHA-512 users (name: password) created when the storage is formatted."""
+    authorizer: bool = True
+    broker_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+
+    def check(self) -> None:
+        """Refuse names and passwords that the storage tool's ``--add-scram`` cannot carry."""
+        for name, password in {BROKER_USER: self.broker_password, **self.scram_users}.items():
+            if not (_SCRAM_TEXT.fullmatch(name) and _SCRAM_TEXT.fullmatch(password)):
+                raise BrokerError(
+                    f"SCRAM user {name!r}: names and passwords are limited to [A-Za-z0-9._~-]"
+                )
+
+    def scram_arguments(self) -> list[str]:
+        """``--add-scram`` arguments of ``kafka-storage format`` for every user."""
+        arguments = []
+        for name, password in {BROKER_USER: self.broker_password, **self.scram_users}.items():
+            arguments += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        return arguments
+
+    def write_stores(self, folder: Path) -> tuple[Path, Path]:
+        """Write the PEM key store (key and chain) and trust store; return their paths."""
+        from cryptography.hazmat.primitives import serialization
+
+        key = serialization.load_pem_private_key(self.key_pem, password=None)
+        pkcs8 = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        keystore, truststore = folder / "broker-keystore.pem", folder / "truststore.pem"
+        keystore.write_bytes(pkcs8 + self.cert_chain_pem)
+        keystore.chmod(0o600)
+        truststore.write_bytes(self.trusted_pem)
+        return keystore, truststore
+
+    def properties(self, folder: Path) -> list[str]:
+        """The broker settings of the secured listeners (stores written to ``folder``)."""
+        keystore, truststore = self.write_stores(folder)
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{BROKER_USER}" password="{self.broker_password}";'
+        )
+        lines = [
+            f"sasl.enabled.mechanisms={SCRAM_MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={SCRAM_MECHANISM}",
+            f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config={jaas}",
+            "listener.name.ssl.ssl.client.auth=required",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={truststore}",
+            f"ssl.principal.mapping.rules={PRINCIPAL_RULES}",
+        ]
+        if self.authorizer:
+            lines += [
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                # The broker's own SCRAM identity, and the plaintext controller and tooling
+                # listeners (loopback only) whose principal is ANONYMOUS.
+                f"super.users=User:{BROKER_USER};User:ANONYMOUS",
+            ]
+        return lines
+
+
 @dataclass
 class Broker:
-    """A single-node KRaft broker whose state lives in ``home`` (pid, ports, data, logs)."""
+    """A single-node KRaft broker whose state lives in ``home`` (pid, ports, data, logs).
+
+    With ``security`` it also listens on ``SASL_SSL`` and ``SSL`` (see :class:`BrokerSecurity`
+    and :meth:`address`); without, it has one plaintext listener (and its controller's).
+    """
 
     home: Path
     heap: tuple[str, ...] = ("-Xms128m", "-Xmx512m")
+    security: BrokerSecurity | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -168,26 +263,51 @@ class Broker:
         return pid
 
     def bootstrap(self) -> str | None:
-        """The bootstrap address of the running broker, or None."""
+        """The bootstrap address of the running broker (its plaintext listener), or None."""
         if self.pid() is None or not self.bootstrap_file.exists():
             return None
         return self.bootstrap_file.read_text().strip()
 
-    def _write_properties(self, broker_port: int, controller_port: int) -> Path:
+    def address(self, listener: str) -> str:
+        """The address of one listener of the running broker: ``PLAINTEXT``, and with
+        ``security`` also ``SASL_SSL`` (SCRAM-SHA-512) and ``SSL`` (mutual TLS)."""
+        ports_file = self.home / "ports"
+        if self.pid() is None or not ports_file.exists():
+            raise BrokerError(f"the broker in {self.home} is not running")
+        ports = dict(zip(_LISTENERS, ports_file.read_text().split(), strict=False))
+        if listener not in ports or listener == "CONTROLLER":
+            raise BrokerError(f"the broker in {self.home} has no {listener} listener for clients")
+        return f"127.0.0.1:{ports[listener]}"
+
+    def _write_properties(self, ports: list[int]) -> Path:
         data = self.home / "data"
         props = self.home / "server.properties"
+        broker_port, controller_port = ports[:2]
+        listeners = {"PLAINTEXT": broker_port, "CONTROLLER": controller_port}
+        advertised = {"PLAINTEXT": broker_port}
+        inter_broker = "PLAINTEXT"
+        security: list[str] = []
+        if self.security is not None:
+            sasl_port, ssl_port = ports[2:4]
+            listeners.update(SASL_SSL=sasl_port, SSL=ssl_port)
+            advertised.update(SASL_SSL=sasl_port, SSL=ssl_port)
+            inter_broker = "SASL_SSL"
+            security = self.security.properties(self.home / "tls")
+        protocols = {name: "PLAINTEXT" if name == "CONTROLLER" else name for name in listeners}
         props.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{broker_port},"
-                    f"CONTROLLER://127.0.0.1:{controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{broker_port}",
+                    "listeners=" + ",".join(f"{n}://127.0.0.1:{p}" for n, p in listeners.items()),
+                    "advertised.listeners="
+                    + ",".join(f"{n}://127.0.0.1:{p}" for n, p in advertised.items()),
                     "controller.listener.names=CONTROLLER",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    f"inter.broker.listener.name={inter_broker}",
+                    "listener.security.protocol.map="
+                    + ",".join(f"{n}:{p}" for n, p in protocols.items()),
+                    *security,
                     f"log.dirs={data}",
                     "num.partitions=1",
                     "auto.create.topics.enable=false",
@@ -264,11 +384,16 @@ class Broker:
         ports_file = self.home / "ports"
         if fresh or not ports_file.exists():
             shutil.rmtree(self.home / "data", ignore_errors=True)
-            broker_port, controller_port = port or free_port(), free_port()
-            ports_file.write_text(f"{broker_port} {controller_port}\n")
-            props = self._write_properties(broker_port, controller_port)
+            if self.security is not None:
+                self.security.check()
+            count = 2 if self.security is None else len(_LISTENERS)
+            ports = [port or free_port(), *(free_port() for _ in range(count - 1))]
+            ports_file.write_text(" ".join(map(str, ports)) + "\n")
+            broker_port = ports[0]
+            props = self._write_properties(ports)
             cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
             cid = cluster_id.stdout.strip() or str(uuid.uuid4())
+            scram = [] if self.security is None else self.security.scram_arguments()
             fmt = _run(
                 self._java(
                     libs,
@@ -279,12 +404,13 @@ class Broker:
                     cid,
                     "-c",
                     str(props),
+                    *scram,
                 )
             )
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
         else:
-            broker_port, controller_port = map(int, ports_file.read_text().split())
+            broker_port = int(ports_file.read_text().split()[0])
             props = self.home / "server.properties"
         bootstrap = f"127.0.0.1:{broker_port}"
         with (self.home / "broker.out").open("w") as out:
@@ -343,6 +469,10 @@ class Broker:
         self._process = None
         self.pid_file.unlink(missing_ok=True)
         self.bootstrap_file.unlink(missing_ok=True)
+
+
+_LISTENERS = ("PLAINTEXT", "CONTROLLER", "SASL_SSL", "SSL")
+"""The listeners in the order of their ports in the ``ports`` file."""
 
 
 def _wait_until_ready(bootstrap: str, process: subprocess.Popen[bytes], timeout: float) -> None:

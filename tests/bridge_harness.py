@@ -55,6 +55,8 @@ class BridgeSetup:
     source: str = field(default_factory=lambda: unique_name("tx"))
     group: str = field(default_factory=lambda: unique_name("bridge"))
     processes: list[BridgeProcess] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the bridge processes (and of loading the file), e.g. KAFKA_*."""
 
     @property
     def config_path(self) -> Path:
@@ -86,7 +88,7 @@ class BridgeSetup:
 
     def create_topics(self) -> None:
         """Create the source, delay and dead-letter topics the configuration names."""
-        config = load_config(self.write_config())
+        config = load_config(self.write_config(), {**os.environ, **self.env})
         admin = AdminClient({"bootstrap.servers": self.bootstrap, **QUIET})
         apply_plan(admin, plan_topics(config))
 
@@ -100,7 +102,7 @@ class BridgeSetup:
     def start_bridge(self, wait_assigned: bool = True) -> BridgeProcess:
         """Start one bridge process; by default wait until it has partitions assigned."""
         process = BridgeProcess(
-            self.config_path, self.workdir / f"bridge-{len(self.processes)}.log"
+            self.config_path, self.workdir / f"bridge-{len(self.processes)}.log", self.env
         )
         self.processes.append(process)
         process.start(wait_assigned=wait_assigned)
@@ -127,9 +129,12 @@ class BridgeSetup:
 class BridgeProcess:
     """One ``python -m bridge run`` process with its log file and metrics port."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
+    def __init__(
+        self, config_path: Path, log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.env = dict(env or {})
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -144,7 +149,7 @@ class BridgeProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
             )
         if wait_assigned:
             wait_for(

@@ -7,17 +7,25 @@ they hand their work to the event loop and wait for it.
 Settings for at-least-once: offsets are stored by the bridge only for a contiguous prefix of
 finished records (``enable.auto.offset.store=false``) and committed every second and on revoke;
 cooperative-sticky assignment, so a rebalance moves only the partitions that change owner.
+
+Until the group first assigns partitions, an authentication or certificate failure
+(:mod:`bridge.kafka.security`) ends ``fetch`` with :class:`KafkaSecurityError`: librdkafka would
+retry it for ever, and a bridge that never started consuming should say why and exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from bridge.kafka.security import KafkaSecurityError, watch_security
+
+log = logging.getLogger("bridge.kafka")
 T = TypeVar("T")
 TP = tuple[str, int]
 
@@ -58,7 +66,10 @@ class ThreadedConsumer:
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-consumer")
-        self.consumer = Consumer(settings)
+        on_error, self._security_failures = watch_security(settings.get("error_cb"))
+        self._bootstrap = str(settings.get("bootstrap.servers", ""))
+        self._started = False  # True once the group has assigned partitions to this consumer
+        self.consumer = Consumer({**settings, "error_cb": on_error})
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the consumer's thread."""
@@ -72,8 +83,13 @@ class ThreadedConsumer:
         on_lost: Callable[..., None],
     ) -> None:
         """Subscribe the group to ``topics`` with rebalance callbacks (run inside :meth:`fetch`)."""
+
+        def assigned(consumer: Any, partitions: list[TopicPartition]) -> None:
+            self._started = True  # past the start: later failures are retried and logged
+            on_assign(consumer, partitions)
+
         self.consumer.subscribe(
-            list(topics), on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost
+            list(topics), on_assign=assigned, on_revoke=on_revoke, on_lost=on_lost
         )
 
     def fetch(
@@ -88,9 +104,19 @@ class ThreadedConsumer:
         if store:
             self.store(store)
         first = self.consumer.poll(timeout)
+        if not self._started and self._security_failures:
+            self._fail_start(self._security_failures[0])
         if first is None:
             return []
         return [first, *self.consumer.consume(max_messages - 1, 0)]
+
+    def _fail_start(self, reason: str) -> NoReturn:
+        """End the start: the cluster refused the credentials or a certificate."""
+        log.error(
+            "kafka.start_failed",
+            extra={"fields": {"bootstrap_servers": self._bootstrap, "reason": reason}},
+        )
+        raise KafkaSecurityError(self._bootstrap, reason)
 
     def pause(self, partitions: Sequence[TP]) -> None:
         """Stop fetching these partitions."""

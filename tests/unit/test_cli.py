@@ -27,7 +27,7 @@ def test_missing_config_is_a_usage_error(
     monkeypatch.delenv("BRIDGE_CONFIG", raising=False)
     assert main(["check", "--offline"]) == 2
     err = capsys.readouterr().err
-    assert "no configuration file given" in err and "hint:" in err
+    assert "no configuration given" in err and "hint:" in err
 
 
 def test_invalid_config_exits_2_naming_the_file(
