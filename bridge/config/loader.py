@@ -49,7 +49,7 @@ import os
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -884,6 +884,59 @@ def _decode(data: bytes) -> str:
         raise _Invalid(f"the file is not {encoding} text{line}") from None
 
 
+class _Secrets:
+    """The secret values met while loading, to keep them out of every message and every field
+    that is not a secret.
+
+    :meth:`scrub` replaces every occurrence of any of them (those of at least
+    :data:`_SCRUB_MIN_LENGTH` characters) in a text with ``***``; overlapping or adjacent
+    occurrences become one ``***``. Linear in the text whatever the number of secrets (a file of
+    10,000 webhooks has 10,000 of them, and may have as many problems): the secrets are indexed
+    by their first :data:`_SCRUB_MIN_LENGTH` characters, and each position of the text is looked
+    up once."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._index: dict[str, set[str]] = {}
+        for secret in secrets:
+            self.add(secret)
+
+    def add(self, secret: str) -> None:
+        if len(secret) >= _SCRUB_MIN_LENGTH:
+            self._index.setdefault(secret[:_SCRUB_MIN_LENGTH], set()).add(secret)
+
+    def _runs(self, text: str) -> list[tuple[int, int]]:
+        """The spans of ``text`` that are secrets, overlapping and adjacent ones merged."""
+        width = _SCRUB_MIN_LENGTH
+        runs: list[tuple[int, int]] = []
+        if not self._index:
+            return runs
+        index = self._index
+        for start in range(len(text) - width + 1):
+            for secret in index.get(text[start : start + width], ()):
+                if text.startswith(secret, start):
+                    end = start + len(secret)
+                    if runs and start <= runs[-1][1]:
+                        runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+                    else:
+                        runs.append((start, end))
+        return runs
+
+    def found_in(self, text: str) -> bool:
+        """Whether ``text`` holds any of the secrets."""
+        return bool(self._runs(text))
+
+    def scrub(self, text: str) -> str:
+        runs = self._runs(text)
+        if not runs:
+            return text
+        parts, at = [], 0
+        for start, end in runs:
+            parts += [text[at:start], "***"]
+            at = end
+        parts.append(text[at:])
+        return "".join(parts)
+
+
 class _Loader:
     """Walks the composed YAML tree, converting sections and collecting every problem."""
 
@@ -894,7 +947,7 @@ class _Loader:
         # Each problem: its file, its line (0: none), ":line" or "", and the text.
         self._problems: list[tuple[_Source, int, str, str]] = []
         self._source: _Source = (0, path)  # the file being read (its problems name it)
-        self._secret_texts: set[str] = set()
+        self._secrets = _Secrets()
         self._constructor = SafeConstructor()
         # The outbound policy of the delivery section, and its verdict on each literal address.
         self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
@@ -902,17 +955,11 @@ class _Loader:
     @property
     def problems(self) -> list[str]:
         """Every problem found so far, in line order, secret values masked."""
-        secrets = sorted(
-            (text for text in self._secret_texts if len(text) >= _SCRUB_MIN_LENGTH),
-            key=len,
-            reverse=True,
-        )
+        scrub = self._secrets.scrub
         problems = []
         ordered = sorted(self._problems, key=lambda problem: (problem[0][0], problem[1]))
         for source, _, place, text in ordered:
-            for secret in secrets:
-                text = text.replace(secret, "***")
-            problems.append(f"{source[1]}{place}: {_printable(_mask_userinfo(text))}")
+            problems.append(f"{source[1]}{place}: {_printable(_mask_userinfo(scrub(text)))}")
         return problems
 
     def remember_document_secrets(self, root: Node) -> None:
@@ -960,8 +1007,8 @@ class _Loader:
     def remember_secret(self, value: str | bytes) -> None:
         """Note a secret value so that no message can show it (see :attr:`problems`)."""
         text = value if isinstance(value, str) else value.decode("utf-8", "replace")
-        self._secret_texts.add(text)
-        self._secret_texts.add(text.strip())
+        self._secrets.add(text)
+        self._secrets.add(text.strip())
 
     def report(self, line: int | None, text: str) -> None:
         """Record one problem of the file being read at a 1-based line (None: not tied to a
@@ -1475,6 +1522,13 @@ class _Loader:
             key: self.secret(section, key, required=key == "secret") for key in _SECRET_NAMES
         }
         self.check_secrets(section, secrets)
+        for key in ("id", "account"):  # shown in logs, metrics and /status
+            if key in values and self._secrets.found_in(values[key]):
+                self.problem(
+                    section.nodes[key],
+                    section.where(key),
+                    "holds the value of a secret: a secret belongs in a secret field only",
+                )
         if "url" in values:
             self.check_destination(section, values["url"], delivery)
         secret = secrets["secret"]
