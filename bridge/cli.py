@@ -63,14 +63,19 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 def load_config_argument(args: argparse.Namespace) -> Config:
     """The configuration named by ``--config`` or ``$BRIDGE_CONFIG`` (CliError if neither)."""
-    path = args.config or os.environ.get(CONFIG_ENV)
+    return load_config(config_path(args))
+
+
+def config_path(args: argparse.Namespace) -> str:
+    """The path given by ``--config`` or ``$BRIDGE_CONFIG`` (CliError if neither)."""
+    path: str | None = args.config or os.environ.get(CONFIG_ENV)
     if not path:
         raise CliError(
             "no configuration given",
             hint=f"pass --config FILE|DIR or set {CONFIG_ENV} (see config/bridge.example.yaml)",
             code=EXIT_USAGE,
         )
-    return load_config(path)
+    return path
 
 
 def parse_time(text: str, now: float | None = None) -> int:
@@ -98,10 +103,11 @@ def parse_time(text: str, now: float | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume and deliver until SIGTERM/SIGINT."""
+    from bridge.config.reload import load_isolated
     from bridge.kafka.security import KafkaSecurityError
     from bridge.ops import logs
 
-    config = load_config_argument(args)
+    config = load_isolated(config_path(args))  # the service holds no parse leftovers
     logs.configure(config.logging.format, config.logging.level)
     try:
         clean = run_event_loop(_run_app(config))

@@ -29,7 +29,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMAS = REPO / "schemas"
-SIZES = (1_000, 10_000, 50_000)
+SIZES = (1_000, 10_000, 50_000, 100_000)
 SECRET_ENV = "BENCH_CONFIG_SECRET"
 """The environment variable some generated webhooks read their secret from (``${...}``)."""
 SECRET_VALUE = "bench-secret-from-the-environment"
@@ -165,6 +165,37 @@ def _run_check(path: Path, environ: dict[str, str]) -> tuple[float, float, float
     return wall, cpu, usage.ru_maxrss / 1024  # kilobytes on Linux
 
 
+def _resident_mb(path: Path, environ: dict[str, str]) -> float:
+    """The resident set in MB of a process that imported the loader, loaded ``path`` and
+    collected its garbage: what the configuration costs to hold, parse buffers freed."""
+    command = [sys.executable, "-m", "devtools.bench_config", "--resident", str(path)]
+    result = subprocess.run(
+        command, env=environ, cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"loading {path} failed: {result.stderr[-2000:]}")
+    return float(result.stdout.strip())
+
+
+def _resident_after_load(path: Path) -> float:
+    """(In the child) load ``path`` as ``bridge run`` does (the parse in a process of its own),
+    collect garbage, and return VmRSS in MB."""
+    import gc
+
+    from bridge.config.reload import load_isolated
+
+    config = load_isolated(path)
+    gc.collect()
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+            break
+    else:
+        rss = 0.0
+    del config
+    return rss
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), 3),
@@ -180,12 +211,15 @@ def scenario_config_load(
 
     Returns, per size (a string key), the median, min and max of the wall seconds (process start
     included), of the CPU seconds (user + system: steadier than wall on a shared machine) and of
-    the child's peak RSS in MB, the file's size, and every round.
+    the child's peak RSS in MB, the file's size, every round, and what holding the loaded
+    configuration costs: the resident set after the load and a garbage collection, and the bytes
+    per webhook over a process that loaded a configuration without webhooks.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     environ = {**os.environ, SECRET_ENV: SECRET_VALUE}
     environ.pop("BRIDGE_CONFIG", None)
     results: dict[str, Any] = {}
+    empty = _resident_mb(write_config(workdir / "bridge-0.yaml", 0), environ)
     for size in sizes:
         path = write_config(workdir / f"bridge-{size}.yaml", size)
         walls: list[float] = []
@@ -196,9 +230,12 @@ def scenario_config_load(
             walls.append(wall)
             cpus.append(cpu)
             peaks.append(peak)
+        resident = _resident_mb(path, environ)
         results[str(size)] = {
             "webhooks": size,
             "file_bytes": path.stat().st_size,
+            "resident_mb": round(resident, 1),
+            "bytes_per_webhook": round((resident - empty) * 1024 * 1024 / size),
             "wall_s": _spread(walls),
             "cpu_s": _spread(cpus),
             "peak_rss_mb": _spread(peaks),
@@ -217,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-config"))
     parser.add_argument("--write", type=Path, help="only write a file with -n webhooks")
     parser.add_argument("-n", type=int, default=10_000)
+    parser.add_argument("--resident", type=Path, help=argparse.SUPPRESS)  # _resident_mb's child
     args = parser.parse_args(argv)
+    if args.resident:
+        print(round(_resident_after_load(args.resident), 2))
+        return 0
     if args.write:
         write_config(args.write, args.n)
         print(f"{args.write}: {args.n} webhooks (set {SECRET_ENV} to load it)")

@@ -462,6 +462,38 @@ class _IsolatedLoader:
         return answer
 
 
+def load_isolated(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """:func:`~bridge.config.loader.load_config` done in a child process, for ``bridge run``'s
+    first load: the process then holds only the configuration, unpickled into fresh memory,
+    never the parse's leftovers. (Loaded in place, 10,000 webhooks left the process 66 MB larger
+    although the objects kept were 10 MB: the parse's freed memory stays scattered between
+    them.) Raises ConfigError exactly as ``load_config`` does; where no child can be started or
+    it fails, loads in this process instead."""
+    environ = os.environ if environ is None else environ
+    request = pickle.dumps(
+        {"path": str(path), "environ": dict(environ), "known": {}, "key": secrets.token_bytes(32)}
+    )
+    try:
+        child = _start()
+        try:
+            reply: tuple[Any, ...] = pickle.loads(_exchange(child, request))
+        finally:
+            _end(child)
+    except (WorkerFailed, pickle.UnpicklingError, EOFError):
+        return load_config(path, environ)
+    if reply[0] == "rejected":
+        raise ConfigError(reply[1], list(reply[2]))
+    if reply[0] != "config":
+        return load_config(path, environ)  # the child met something unforeseen: say it here
+    _kind, sections, properties, _order, _fresh, count, chunks = reply
+    webhooks = tuple(w for chunk in chunks for w in pickle.loads(chunk))
+    if len(webhooks) != count:
+        return load_config(path, environ)
+    kafka = dataclasses.replace(sections.kafka, properties=MappingProxyType(properties))
+    config: Config = dataclasses.replace(sections, kafka=kafka, webhooks=webhooks)
+    return config
+
+
 def _start() -> subprocess.Popen[bytes]:
     """A child waiting for its request (its imports under way)."""
     try:

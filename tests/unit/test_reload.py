@@ -745,3 +745,19 @@ def test_a_directory_emptied_is_rejected_and_refilled_applies(tmp_path: Path) ->
         f"{folder}: no configuration file in the directory"
     ]
     assert [[w.id for w in c.webhooks] for c in recorder.changes] == [["two"]]
+
+
+def test_load_isolated_gives_what_load_config_gives(tmp_path: Path) -> None:
+    """``bridge run``'s first load happens in a child process: the same configuration (every
+    field of every webhook, secrets included), and the same ConfigError for a bad file."""
+    from bridge.config.reload import load_isolated
+
+    good = Path("config/test.yaml")
+    assert load_isolated(good) == load_config(good)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("webhooks:\n  - id: x\n    url: ftp://nowhere\n")
+    with pytest.raises(ConfigError) as isolated:
+        load_isolated(bad)
+    with pytest.raises(ConfigError) as direct:
+        load_config(bad)
+    assert isolated.value.problems == direct.value.problems
