@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint unit integration bench broker-start broker-stop clean setup \
+.PHONY: test demo lint unit integration bench bench-peers broker-start broker-stop clean setup \
 	kafka-jars registry-jars prometheus-tools helm-tools image container-tools
 
 test: setup lint ## Everything: lint, type-check, unit and integration tests (real broker)
@@ -14,7 +14,7 @@ test: setup lint ## Everything: lint, type-check, unit and integration tests (re
 demo: $(STAMP) kafka-jars ## The demo: broker, bridge, sample receiver and producer
 	$(PY) -m devtools demo
 
-setup: $(STAMP) kafka-jars registry-jars prometheus-tools helm-tools
+setup: $(STAMP) kafka-jars registry-jars prometheus-tools helm-tools net-tools
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check bridge devtools tests deploy
@@ -29,6 +29,11 @@ integration: setup
 
 bench: $(STAMP) kafka-jars ## The benchmark (see docs/PERFORMANCE.md)
 	$(PY) -m devtools bench
+
+# The bridge beside Quix Streams (installed into .cache/peers/quix on first use) on the same
+# backlogs and receiver; also part of `make bench`.
+bench-peers: $(STAMP) kafka-jars
+	$(PY) -m devtools bench --only peers
 
 broker-start: $(STAMP) kafka-jars
 	$(PY) deploy/kafka/broker.py start
@@ -50,6 +55,14 @@ helm-tools:
 IMAGE ?= transaction-webhook-bridge:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' bridge/__init__.py)
 image: container-tools
 	@sh deploy/docker/build-image.sh $(IMAGE) >/dev/null
+
+# nftables and iproute2 (Debian's packages) for the network-fault tests
+# (tests/integration/test_network_faults.py), which cut and thin traffic inside a network
+# namespace of their own; they install them themselves too, and fail with the reason where they
+# cannot (no root, no apt).
+.PHONY: net-tools
+net-tools:
+	@sh deploy/kafka/ensure-net-tools.sh
 
 # buildah, podman, runc and mmdebstrap (Debian's packages) for `make image` and the container test;
 # nothing where a Docker engine runs. The container test installs them itself or is skipped, with

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Make `ip` (iproute2) and `nft` (nftables) available for the network-fault tests
+# (tests/integration/test_network_faults.py): they create a network namespace of their own, run the
+# broker, the bridge and the receivers on its loopback, and cut or thin the traffic there with
+# nftables rules. They come from Debian's packages. When both are already on PATH this does
+# nothing; otherwise it installs what is missing, quietly. Creating namespaces and loading rules
+# needs root (CAP_NET_ADMIN) as well: without it the tests fail and say so.
+set -eu
+# Root's tools live in sbin, which a non-root PATH may lack.
+PATH="$PATH:/usr/sbin:/sbin"
+
+missing=""
+command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
+command -v nft >/dev/null 2>&1 || missing="$missing nftables"
+[ -z "$missing" ] && exit 0
+
+fail() {
+    echo "ensure-net-tools: $*" >&2
+    echo "ensure-net-tools: install Debian's packages (iproute2 nftables) as root, then run again." >&2
+    exit 1
+}
+
+command -v apt-get >/dev/null 2>&1 || fail "missing:$missing, and apt-get is not available"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || fail "missing:$missing, and installing them needs root (no sudo)"
+    SUDO="sudo -n"
+fi
+
+echo "ensure-net-tools: installing$missing (apt-get)" >&2
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || fail "apt-get update failed"
+# nftables' package ships a service unit with an empty ruleset; nothing here enables or starts it,
+# and the tests only ever load rules inside their own namespaces.
+# shellcheck disable=SC2086 # the package names are meant to split
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold $missing >/dev/null ||
+    fail "apt-get install$missing failed"
+
+command -v ip >/dev/null 2>&1 || fail "the packages installed but 'ip' is not on PATH"
+command -v nft >/dev/null 2>&1 || fail "the packages installed but 'nft' is not on PATH"
+echo "ensure-net-tools: $(nft --version)" >&2
