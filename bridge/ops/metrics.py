@@ -33,6 +33,9 @@ REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 END_TO_END_BUCKETS = (0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 15.0, 60.0, 300.0, 1800.0)
 LATENESS_BUCKETS = (0.005, 0.025, 0.1, 0.5, 2.5)
 
+RX_IDLE_LIMIT_US = 15_000_000
+"""A broker connection silent this long (microseconds; librdkafka's ``rxidle``) is not counted as
+up for readiness."""
 DEFAULT_WEBHOOK_SERIES = 10
 # A member of the tracked set without traffic for this long gives its place to a newcomer.
 IDLE_AFTER_S = 600.0
@@ -473,7 +476,12 @@ class Metrics:
                 gauge.remove(topic, str(partition))
 
     def record_statistics(self, stats: dict[str, object]) -> bool:
-        """Update lag and committed offsets from librdkafka statistics; True if a broker is up."""
+        """Update lag and committed offsets from librdkafka statistics; True if a broker is up:
+        connected, and heard from in the last :data:`RX_IDLE_LIMIT_US` (a member of a group hears
+        from its coordinator at every heartbeat, 3 s, and a fetching consumer from its brokers at
+        least every ``fetch.wait.max.ms``). A connection whose packets are silently dropped (a
+        network cut) stays "UP" until librdkafka's requests time out, a minute by default; its
+        silence shows at once."""
         topics = stats.get("topics", {})
         for topic, data in topics.items() if isinstance(topics, dict) else ():
             for partition, info in data.get("partitions", {}).items():
@@ -485,6 +493,8 @@ class Metrics:
                     self.committed_offset.labels(topic, partition).set(info["committed_offset"])
         brokers = stats.get("brokers", {})
         return any(
-            b.get("state") == "UP" and b.get("nodeid", -1) >= 0
+            b.get("state") == "UP"
+            and b.get("nodeid", -1) >= 0
+            and b.get("rxidle", -1) < RX_IDLE_LIMIT_US
             for b in (brokers.values() if isinstance(brokers, dict) else ())
         )

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from bridge.ops.metrics import RX_IDLE_LIMIT_US
 from devtools.devkafka import Broker
 from devtools.samples import make_record
 from tests.bridge_harness import BridgeSetup, webhook
@@ -238,11 +239,21 @@ def test_cut_longer_than_the_session_timeout_then_restored_loses_nothing(
         lost_after = time.monotonic() - cut_at
         unready = []
 
-        def cut_long_enough() -> bool:  # samples /readyz until the cut has lasted ``cut_for``
+        def cut_long_enough() -> bool:
+            """Samples /readyz; the cut lasts ``cut_for``, and until readiness has said it."""
             unready.append(bridge.http("/readyz")[0] == 503)
-            return time.monotonic() - cut_at >= cut_for
+            return time.monotonic() - cut_at >= cut_for and any(unready)
 
-        wait_for(cut_long_enough, cut_for + 5.0, interval=0.5, message="the end of the cut")
+        # A silent cut shows in readiness once no broker has been heard from for
+        # RX_IDLE_LIMIT_US, read from statistics every 5 s.
+        unready_within = RX_IDLE_LIMIT_US / 1e6 + 5.0 + 5.0
+        wait_for(
+            cut_long_enough,
+            max(cut_for, unready_within) + 5.0,
+            interval=0.5,
+            message="the end of the cut, /readyz 503 during it",
+        )
+        cut_for = time.monotonic() - cut_at
     restored_at = time.monotonic()
     faults = [cut.applied_at or 0.0, cut.removed_at or 0.0]
     wait_for(
@@ -270,7 +281,7 @@ def test_cut_longer_than_the_session_timeout_then_restored_loses_nothing(
             session_timeout_s=SESSION_TIMEOUT_S,
             lost_after_s=round(lost_after, 1),
             rejoined_after_s=round(recovered_after, 1),
-            unready_seen=any(unready),
+            unready_after_s=round(unready.index(True) * 0.5, 1),
             dropped=cut.dropped(),
             unexplained=len(unexplained),
             redo_lag_s=round(longest_redo_lag(requests, faults, produced), 2),

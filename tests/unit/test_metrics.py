@@ -13,6 +13,7 @@ from bridge.ops.metrics import (
     NO_WEBHOOK,
     OTHER,
     RECENT_FAILURE_S,
+    RX_IDLE_LIMIT_US,
     Metrics,
     status_class,
 )
@@ -322,3 +323,18 @@ def test_poison_dead_letters_keep_their_empty_webhook_label() -> None:
     metrics.register_webhooks(["a"], RUNGS)
     metrics.dead_letters.labels(NO_WEBHOOK, "corrupt").inc()
     assert value(registry, "bridge_dead_letters_total", webhook=NO_WEBHOOK, reason="corrupt") == 1
+
+
+def test_a_broker_silent_for_longer_than_the_limit_is_not_up() -> None:
+    """A connection whose packets are dropped stays UP in librdkafka's eyes for a minute; its
+    silence (rxidle) says it is gone."""
+    metrics = Metrics(CollectorRegistry())
+
+    def up(rxidle: int) -> bool:
+        broker = {"state": "UP", "nodeid": 1, "rxidle": rxidle}
+        return metrics.record_statistics({"brokers": {"b/1": broker}})
+
+    assert up(2_000_000) is True
+    assert up(-1) is True  # nothing received yet: connecting, not silent
+    assert up(RX_IDLE_LIMIT_US) is False
+    assert up(RX_IDLE_LIMIT_US * 4) is False
