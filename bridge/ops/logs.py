@@ -9,7 +9,8 @@ client), so they are events like the others (``librdkafka.log``, with facility, 
 detail) and every line on stderr is JSON. A broker that is down makes librdkafka and the error
 callback repeat the same line many times a second: :class:`Summarise` passes the first of a kind,
 drops the repeats for :data:`SUMMARY_WINDOW_S`, and adds their count (``repeated``) to the next
-one after that.
+one after that. A failing webhook's ``delivery.failed`` and ``delivery.dead_lettered`` lines are
+summarised the same way, per webhook: the log grows with the webhooks failing, not the records.
 """
 
 from __future__ import annotations
@@ -26,14 +27,20 @@ LIBRDKAFKA: Final = logging.getLogger("bridge.kafka.librdkafka")
 
 SUMMARY_WINDOW_S: Final = 10.0
 SUMMARISED_EVENTS: Final = frozenset({"kafka.error"})
+PER_WEBHOOK_EVENTS: Final = frozenset({"delivery.failed", "delivery.dead_lettered"})
+"""Summarised per webhook: one line per webhook and window, whatever the records and reasons."""
+MAX_KINDS: Final = 20_000  # kinds remembered; past it, the memory starts again
 _NUMBERS: Final = re.compile(r"\d+")
 
 
 class Summarise(logging.Filter):
     """Passes the first record of a kind, drops its repeats for ``window`` seconds, and adds
     their count (``repeated``) to the next record of that kind after the window. A kind is the
-    event with its fields, numbers aside ("after 0ms" and "after 2ms" are the same kind); only
-    librdkafka's messages and :data:`SUMMARISED_EVENTS` are summarised."""
+    event with its fields, numbers aside ("after 0ms" and "after 2ms" are the same kind), for
+    librdkafka's messages and :data:`SUMMARISED_EVENTS`; the event, level and webhook for
+    :data:`PER_WEBHOOK_EVENTS`: a failing webhook writes one ``delivery.failed`` (and one
+    ``delivery.dead_lettered``) per window, not one per record, however many records it fails.
+    Every delivery is still counted in the metrics and every dead letter is in its topic."""
 
     def __init__(self, window: float = SUMMARY_WINDOW_S) -> None:
         super().__init__()
@@ -41,18 +48,23 @@ class Summarise(logging.Filter):
         self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (passed at, dropped since)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        fields = getattr(record, "fields", {})
+        event = record.getMessage()
         if record.name == LIBRDKAFKA.name and record.args:
             _as_event(record)
-        elif record.getMessage() not in SUMMARISED_EVENTS:
+            kind = _NUMBERS.sub("#", f"{record.name} {event} {sorted(fields.items())}")
+        elif event in PER_WEBHOOK_EVENTS:
+            kind = f"{event} {record.levelno} {fields.get('webhook')}"  # warnings apart
+        elif event in SUMMARISED_EVENTS:
+            kind = _NUMBERS.sub("#", f"{record.name} {event} {sorted(fields.items())}")
+        else:
             return True
-        fields = getattr(record, "fields", {})
-        kind = _NUMBERS.sub("#", f"{record.name} {record.getMessage()} {sorted(fields.items())}")
         now = time.monotonic()
         passed, dropped = self._kinds.get(kind, (float("-inf"), 0))
         if now - passed < self.window:
             self._kinds[kind] = (passed, dropped + 1)
             return False
-        if len(self._kinds) > 1000:
+        if len(self._kinds) >= MAX_KINDS:
             self._kinds.clear()
         self._kinds[kind] = (now, 0)
         if dropped:

@@ -52,8 +52,30 @@ def test_kafka_errors_are_summarised_but_other_events_never_are(stream: io.Strin
     log = logging.getLogger("bridge.app")
     for _ in range(5):
         log.warning("kafka.error", extra={"fields": {"error": "all brokers down", "code": -187}})
-        log.info("delivery.failed", extra={"fields": {"webhook": "shop", "attempt": 1}})
+        log.info("partitions.assigned", extra={"fields": {"partitions": ["t/0"]}})
     log.warning("kafka.error", extra={"fields": {"error": "other", "code": -195}})
     events = [line["event"] for line in lines(stream)]
     assert events.count("kafka.error") == 2  # one per kind
-    assert events.count("delivery.failed") == 5
+    assert events.count("partitions.assigned") == 5
+
+
+def test_a_failing_webhook_writes_one_line_per_window_not_one_per_record(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of records failing at one webhook: one delivery.failed per window (and one
+    delivery.dead_lettered, and the warnings apart from the infos), each webhook its own; the
+    next line after the window says how many were folded into it."""
+    clock = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    log = logging.getLogger("bridge.engine")
+    for n in range(1000):
+        for hook in ("shop", "shop-2"):
+            fields = {"webhook": hook, "message_id": f"msg_{n}", "attempt": n % 5}
+            log.info("delivery.failed", extra={"fields": {**fields, "next": "retry 1"}})
+            log.warning("delivery.failed", extra={"fields": {**fields, "next": "dead_letter"}})
+            log.warning("delivery.dead_lettered", extra={"fields": {**fields, "reason": "x"}})
+    assert len(lines(stream)) == 6  # 3 kinds x 2 webhooks
+    clock[0] += 61
+    log.info("delivery.failed", extra={"fields": {"webhook": "shop", "message_id": "msg_late"}})
+    late = lines(stream)[-1]
+    assert late["message_id"] == "msg_late" and late["repeated"] == 999
