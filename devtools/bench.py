@@ -342,8 +342,9 @@ class Stage:
         metrics: bool = True,
         retry: dict[str, Any] | None = None,
         timeout: float = 10.0,
+        wrap: tuple[str, ...] = (),
     ) -> Iterator[subprocess.Popen[bytes]]:
-        """Run ``bridge run`` on ``source`` until the block ends."""
+        """Run ``bridge run`` on ``source`` until the block ends (``wrap``: a command prefix)."""
         port = free_port()
         config = {
             "kafka": {"bootstrap_servers": self.bootstrap, "group_id": f"{source}-bridge"},
@@ -364,7 +365,7 @@ class Stage:
         path.write_text(yaml.safe_dump(config))
         log = (self.workdir / f"{source}.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "bridge", "run", "-c", str(path)],
+            [*wrap, sys.executable, "-m", "bridge", "run", "-c", str(path)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -993,6 +994,10 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
 
             _say("https: raw ceiling and the bridge, keep-alive and a connection per request")
             results.update(run_https(stage, HTTPS_QUICK if sizes.quick else HttpsSizes()))
+        if wanted("many"):
+            from devtools.bench_many import MANY_QUICK, ManySizes, scenario_many
+
+            results.update(scenario_many(stage, MANY_QUICK if sizes.quick else ManySizes()))
         if wanted("peers"):
             from devtools.bench_peers import PEERS_QUICK, PeerSizes, scenario_peers
 
@@ -1026,10 +1031,11 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
         if broker is not None:
             broker.stop()
     from devtools.bench_https import HTTPS_TARGETS  # (they import this module)
+    from devtools.bench_many import MANY_TARGETS
     from devtools.bench_peers import PEER_TARGETS
 
     results["targets"] = {}
-    for name, check in {**TARGETS, **HTTPS_TARGETS, **PEER_TARGETS}.items():
+    for name, check in {**TARGETS, **HTTPS_TARGETS, **MANY_TARGETS, **PEER_TARGETS}.items():
         try:
             results["targets"][name] = bool(check(results))
         except KeyError:
@@ -1066,8 +1072,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         help=(
-            "comma-separated: pure,throughput,latency,config,metrics,reload,https,peers,"
-            "retry,isolation,memory"
+            "comma-separated: pure,throughput,latency,config,metrics,reload,https,many,"
+            "peers,retry,isolation,memory"
         ),
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "latest.json")

@@ -1,0 +1,129 @@
+"""Many webhooks (issue 21): 10,000 webhooks across 3,000 accounts, records spread over the
+accounts, 500 distinct receiver host names, beside one webhook taking the same number of
+deliveries.
+
+The host names (``h0.bench.test`` to ``h499.bench.test``) resolve to 127.0.0.1 through a hosts
+file of the run's own: the bridge runs in a mount namespace of its own (``unshare --mount``) in
+which that file is bind-mounted over ``/etc/hosts``; nothing outside that process sees it, and
+no name leaves the machine. The bridge pools connections per host name, so it keeps 500 pools
+(and up to its in-flight limit of connections) to the one receiver.
+
+Reported: deliveries/s of each run (from the bridge's start to the last 2xx), their ratio, CPU
+seconds per 1,000 deliveries, peak RSS, and the file descriptors the bridge held at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devtools.bench import Stage, _say, _wait, peak_rss_mb, process_cpu_seconds
+
+HOSTS = 500
+ACCOUNTS = 3000
+WEBHOOKS = 10_000
+DOMAIN = "bench.test"  # a reserved top-level name (RFC 2606): never a real host
+
+
+@dataclass
+class ManySizes:
+    """How big the many-webhooks scenario is."""
+
+    records: int = 30_000  # about 100,000 deliveries (3.33 webhooks per account)
+    webhooks: int = WEBHOOKS
+    accounts: int = ACCOUNTS
+    hosts: int = HOSTS
+
+
+MANY_QUICK = ManySizes(records=1_000, webhooks=1_000, accounts=300, hosts=50)
+
+
+def hosts_file(path: Path, hosts: int) -> Path:
+    """A hosts file naming ``hosts`` receiver hosts, every one 127.0.0.1."""
+    lines = ["127.0.0.1 localhost"]
+    lines += [f"127.0.0.1 h{n}.{DOMAIN}" for n in range(hosts)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def private_hosts(path: Path) -> tuple[str, ...]:
+    """A command prefix running the command with ``path`` as its /etc/hosts (alone)."""
+    script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    return ("unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(path))
+
+
+def _run(
+    stage: Stage,
+    topic: str,
+    hooks: list[dict[str, Any]],
+    expected: int,
+    wrap: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    started = time.time()
+    with stage.bridge(topic, hooks, wrap=wrap) as process:
+        _wait(lambda: stage.received() >= expected, 900, f"{expected} deliveries", 0.2, process)
+        cpu = process_cpu_seconds(process.pid)
+        rss = peak_rss_mb(process.pid)
+        fds = len(os.listdir(f"/proc/{process.pid}/fd"))
+    log = stage.dump()
+    last = max(entry[0] for entry in log if entry[3] == 200)
+    elapsed = last - started
+    hosts = {entry[1].split("/")[2] for entry in log if entry[1].startswith("/ok/")}
+    return {
+        "webhooks": len(hooks),
+        "deliveries": expected,
+        "seconds": round(elapsed, 2),
+        "deliveries_per_s": round(expected / elapsed),
+        "cpu_per_1000_s": round(cpu / expected * 1000, 3),
+        "peak_rss_mb": round(rss, 1),
+        "open_fds_at_end": fds,
+        "hosts_seen": len(hosts),
+    }
+
+
+def scenario_many(stage: Stage, sizes: ManySizes) -> dict[str, Any]:
+    """The bridge with ``sizes.webhooks`` webhooks over ``sizes.hosts`` host names, then with one
+    webhook taking the same number of deliveries."""
+    rng = random.Random(21)
+    per_account: dict[str, int] = {}
+    hooks = []
+    for n in range(sizes.webhooks):
+        account = f"acct_{n % sizes.accounts:05d}"
+        per_account[account] = per_account.get(account, 0) + 1
+        host = f"h{n % sizes.hosts}.{DOMAIN}"
+        url = f"http://{host}:{stage.receiver_port}/ok/{host}/{n}"
+        hooks.append({"id": f"w{n:05d}", "account": account, "url": url})
+    accounts = sorted(per_account)
+    chosen = [rng.choice(accounts) for _ in range(sizes.records)]
+    expected = sum(per_account[a] for a in chosen)
+
+    _say(f"many: {sizes.webhooks} webhooks, {sizes.hosts} hosts, {expected} deliveries")
+    topic = stage.new_topics()
+    stage.produce_records(topic, chosen)
+    stage.dump()
+    wrap = private_hosts(hosts_file(stage.workdir / "bench-hosts", sizes.hosts))
+    many = _run(stage, topic, hooks, expected, wrap)
+
+    _say(f"many: one webhook, {expected} deliveries")
+    topic = stage.new_topics()
+    stage.produce_backlog(topic, expected, "acct_one")
+    stage.dump()
+    single = [{"id": "one", "account": "acct_one", "url": stage.url("/ok/one")}]
+    one = _run(stage, topic, single, expected)
+    return {
+        "many_webhooks": {**many, "accounts": sizes.accounts, "hosts": sizes.hosts},
+        "many_baseline_one": one,
+        "many_ratio": round(many["deliveries_per_s"] / max(one["deliveries_per_s"], 1), 2),
+    }
+
+
+MANY_TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "10,000 webhooks on 500 hosts: deliveries/s within 20% of one webhook": lambda r: (
+        r["many_ratio"] >= 0.8
+    ),
+}
