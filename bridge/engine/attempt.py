@@ -12,6 +12,10 @@ Reasons (the outcome's ``error``, and the ``kind`` label of ``bridge_delivery_er
 - ``deadline_exceeded``: the attempt had no outcome within timeout + grace (a client defect).
 - ``internal_error``: building or sending the request raised; the detail names the exception
   type and where it was raised, never its message (which could carry a header or a secret).
+
+:class:`Deliverer` runs one delivery around that attempt: a slot of the webhook's lane (or
+parked, when the webhook is stalled or out of unanswered credit), the guarded attempt, then its
+consequence: received, or the next rung of the ladder, or the dead letters after the last.
 """
 
 from __future__ import annotations
@@ -21,11 +25,20 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
-from bridge.http.sender import DeliveryRequest, Outcome
+from bridge.core.envelope import PendingDelivery
+from bridge.core.retry import GiveUp, RetryPolicy
+from bridge.core.webhook import Webhook
+from bridge.engine.budget import Lanes
+from bridge.engine.clock import now_ms, now_ms_rounded_up
+from bridge.engine.partition import RecordWork
+from bridge.engine.recovery import Recovery
+from bridge.http.sender import DeliveryRequest, HttpSender, Outcome, build_request
+from bridge.ops.metrics import Metrics, status_class
 
 log = logging.getLogger("bridge.engine.attempt")
+events = logging.getLogger("bridge.engine.pipeline")  # the logger delivery events always had
 
 ATTEMPT_GRACE_S: Final = 1.0
 """How far past its own timeout an attempt may run before the engine ends it."""
@@ -63,6 +76,134 @@ async def guarded_attempt(
     on_error(kind)
     log.error("delivery.guarded", extra={"fields": {**context(), "kind": kind, "detail": detail}})
     return Outcome(None, kind, time.perf_counter() - started, detail)
+
+
+class Deliverer:
+    """Runs deliveries: one attempt each, and what follows from its outcome."""
+
+    def __init__(
+        self,
+        sender: HttpSender,
+        lanes: Lanes,
+        recovery: Recovery,
+        policy: RetryPolicy,
+        metrics: Metrics,
+    ) -> None:
+        self.sender = sender
+        self.lanes = lanes
+        self.recovery = recovery
+        self.policy = policy
+        self.metrics = metrics
+        self.handing_off = False  # at shutdown: a cancelled delivery is handed to rung 1
+
+    async def deliver(self, delivery: PendingDelivery, webhook: Webhook, work: RecordWork) -> None:
+        """Run one delivery; its record counts as finished only if the delivery settled.
+
+        Settled means received, or durably written to a delay or dead-letter topic. The attempt
+        itself cannot hang or raise (:func:`guarded_attempt`); should anything after it fail
+        unexpectedly, the delivery is judged not received and goes up the ladder, so the commit
+        still moves. A delivery that is cancelled (partitions revoked) leaves its record
+        unfinished: its offset is not committed and whoever consumes it next delivers it again.
+        """
+        try:
+            await self.attempt(delivery, webhook)
+        except asyncio.CancelledError:
+            if not self.handing_off:
+                raise
+            await self.recovery.hand_off(delivery)
+        except Exception as exc:
+            self.metrics.delivery_errors.labels(INTERNAL_ERROR).inc()
+            events.exception("delivery.crashed", extra={"fields": _ids(delivery)})
+            try:
+                crashed = Outcome(None, INTERNAL_ERROR, 0.0, type(exc).__name__)
+                await self.not_received(delivery, webhook, crashed)
+            except Exception:
+                events.exception("delivery.unsettled", extra={"fields": _ids(delivery)})
+                return
+        work.done()
+
+    async def attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
+        """One attempt, then its consequence: received, next rung, parked or dead letter."""
+        lane = self.lanes.of(webhook)
+        if not await lane.enter():
+            await self.recovery.park([delivery])  # no request made, no attempt spent
+            return
+        answered = False
+        try:
+            outcome = await guarded_attempt(
+                self.sender.send,
+                lambda: build_request(
+                    webhook, delivery.message_id, delivery.body, int(time.time())
+                ),
+                webhook.timeout_seconds,
+                self._guard_ended,
+                lambda: _ids(delivery),
+            )
+            answered = outcome.status is not None
+        finally:
+            lane.release(answered)
+        if outcome.received:
+            self._received(delivery, webhook, outcome)
+        else:
+            await self.not_received(delivery, webhook, outcome)
+
+    def _guard_ended(self, kind: str) -> None:
+        self.metrics.delivery_errors.labels(kind).inc()
+
+    def _received(self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome) -> None:
+        assert outcome.status is not None
+        self.metrics.delivery_received(
+            webhook.id,
+            outcome.status,
+            outcome.duration,
+            max(0.0, (now_ms() - delivery.source.timestamp_ms) / 1000),
+        )
+        if events.isEnabledFor(logging.DEBUG):
+            events.debug("delivery.received", extra={"fields": _fields(delivery, outcome)})
+
+    async def not_received(
+        self, delivery: PendingDelivery, webhook: Webhook, outcome: Outcome
+    ) -> None:
+        """Count a failed attempt and hand the delivery to the next rung of the ladder, or to
+        the dead letters after the last."""
+        metrics = self.metrics
+        metrics.deliveries.labels(
+            webhook.id, "failed", status_class(outcome.status, outcome.error)
+        ).inc()
+        if outcome.duration:
+            metrics.request_duration.labels(webhook.id).observe(outcome.duration)
+        step = self.policy.after_failure(delivery.attempt, now_ms_rounded_up())
+        error = outcome.describe()
+        if isinstance(step, GiveUp):
+            failed = delivery.next(delivery.attempt, 0, outcome.status, error)
+            events.warning(
+                "delivery.failed",
+                extra={"fields": {**_fields(delivery, outcome), "next": "dead_letter"}},
+            )
+            await self.recovery.dead_letter(failed, "retries_exhausted", step.attempts_made)
+            return
+        retry = delivery.next(step.attempt, step.due_ms, outcome.status, error)
+        events.info(
+            "delivery.failed",
+            extra={"fields": {**_fields(delivery, outcome), "next": f"retry {step.attempt}"}},
+        )
+        await self.recovery.delay(retry, step.topic)
+        metrics.retries.labels(webhook.id, str(step.attempt)).inc()
+
+
+def _ids(delivery: PendingDelivery) -> dict[str, Any]:
+    return {"webhook": delivery.webhook_id, "message_id": delivery.message_id}
+
+
+def _fields(delivery: PendingDelivery, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "webhook": delivery.webhook_id,
+        "message_id": delivery.message_id,
+        "attempt": delivery.attempt,
+        "status": outcome.status,
+        "error": outcome.error or None,
+        "duration_ms": round(outcome.duration * 1000, 1),
+    }
 
 
 def _where(exc: BaseException) -> str:

@@ -20,7 +20,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Webhook
 
 TURN_AWAY_BATCH = 25
 UNANSWERED_PER_S = 10.0
@@ -223,3 +227,71 @@ class Lane:
             "credit": round(credit, 1),
             "out_of_credit": credit < 1.0,
         }
+
+
+class Lanes(dict[str, Lane]):
+    """The lane of each webhook that has had a delivery, by webhook id, made on first use.
+
+    A lane counts as stalled after a full lane has gone without an answer for its patience: half
+    the webhook's timeout (a slow but healthy webhook answers well within it), at least
+    ``stall_patience`` (the first rung's delay). ``hurry`` is given to every lane (see
+    :meth:`Lane._turn_away`)."""
+
+    def __init__(self, stall_patience: float, hurry: Callable[[], bool]) -> None:
+        super().__init__()
+        self.stall_patience = stall_patience
+        self.hurry = hurry
+
+    def of(self, webhook: Webhook) -> Lane:
+        """The webhook's lane, made now if it has none yet."""
+        lane = self.get(webhook.id)
+        if lane is None:
+            lane = self[webhook.id] = Lane(
+                webhook.concurrency, self.patience(webhook), hurry=self.hurry
+            )
+        return lane
+
+    def patience(self, webhook: Webhook) -> float:
+        """How long a full lane of ``webhook`` may go without an answer before it is stalled."""
+        return max(self.stall_patience, webhook.timeout_seconds / 2)
+
+    def refusing(self, webhook_id: str) -> bool:
+        """Whether a new delivery to the webhook would be parked now (:meth:`Lane.refusing`)."""
+        lane = self.get(webhook_id)
+        return lane is not None and lane.refusing()
+
+    def reconfigure(self, subscriptions: Subscriptions) -> None:
+        """Give the existing lanes the limit and patience of their webhook's new settings
+        (only the lanes that exist are visited: cheap at 10,000 webhooks)."""
+        for webhook_id, lane in self.items():
+            webhook = subscriptions.get(webhook_id)
+            if webhook is not None:
+                lane.limit = webhook.concurrency
+                lane.patience = self.patience(webhook)
+
+    def shed_waiters(self) -> None:
+        """At the in-flight limit: park the deliveries that waited a lane's patience or more for
+        one of its slots (a webhook too slow for its traffic), so they do not hold up the
+        others' records."""
+        for lane in self.values():
+            if lane.waiters:
+                lane.shed()
+
+    def needing_attention(self, failing: Mapping[str, float]) -> list[dict[str, Any]]:
+        """A row for each webhook failing now (``failing``: since when), stalled, out of
+        unanswered credit, or with deliveries active or waiting for a slot; never the idle ones
+        (ids only: never a URL or a secret)."""
+        rows: list[dict[str, Any]] = []
+        for webhook_id, lane in self.items():
+            if webhook_id not in failing and not (
+                lane.active or lane.waiters or lane.is_stalled or lane.credit < 1.0
+            ):
+                continue  # idle, at a glance (the snapshot below decides for the others)
+            state = lane.snapshot()
+            if webhook_id in failing or any(
+                state[key] for key in ("active", "waiting", "stalled", "out_of_credit")
+            ):
+                rows.append({"id": webhook_id, "failing_since": failing.get(webhook_id), **state})
+        for webhook_id in failing.keys() - self.keys():  # failing, no lane: no detail
+            rows.append({"id": webhook_id, "failing_since": failing[webhook_id]})
+        return rows

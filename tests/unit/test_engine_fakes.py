@@ -3,10 +3,11 @@ ladder in milliseconds, with random fan-outs (the integration tests prove the sa
 broker and real receivers).
 
 ``FakeKafka`` keeps topics as lists of records. ``FakeConsumer`` serves every subscribed topic from
-one partition each, honours pause, seek and resume, stores and commits offsets, and runs every call
-on its own thread, like :class:`bridge.kafka.consumer.ThreadedConsumer` (the rebalance callbacks
-need that: they hand their work to the event loop and wait for it). ``FakeSender`` answers after a
-random short delay and records how many requests were open at once.
+one partition each, honours pause, seek and resume, stores and commits offsets (an assignment
+starts at the stored offset, like the group's committed one), and runs every call on its own
+thread, like :class:`bridge.kafka.consumer.ThreadedConsumer` (the rebalance callbacks need that:
+they hand their work to the event loop and wait for it). ``FakeSender`` answers after a random
+short delay and records how many requests were open at once.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from bridge.core.envelope import header_map
 from bridge.core.settings import Config, DeliveryConfig, RetryConfig, TopicsConfig
 from bridge.core.signing import message_id
 from bridge.core.webhook import Secret, Webhook
-from bridge.engine import pipeline as pipeline_module
+from bridge.engine import rebalance as rebalance_module
 from bridge.engine.pipeline import Pipeline
 from bridge.http.sender import DeliveryRequest, Outcome
 from bridge.kafka.producer import ProduceError
@@ -126,8 +127,11 @@ class FakeConsumer:
     ) -> list[FakeMessage]:
         self._on_thread()
         self.store(store)
-        if not self.assigned:
+        if not self.assigned:  # an assignment starts where the group's offset stands
             self.assigned = True
+            for topic in self.topics:
+                self.position[(topic, 0)] = self.stored.get((topic, 0), 0)
+                self.paused.discard((topic, 0))
             self.callbacks["assign"](self, [TopicPartition(t, 0) for t in self.topics])
         taken: list[FakeMessage] = []
         with self.kafka.lock:
@@ -238,6 +242,9 @@ def run_engine(
     done: Callable[[Run], bool],
     prepare: Callable[[Run], None] = lambda _run: None,
     retry: RetryConfig = FAST_LADDER,
+    make_sender: Callable[[random.Random, Callable[[str, int], int]], FakeSender] = FakeSender,
+    make_producer: Callable[[FakeKafka], FakeProducer] = FakeProducer,
+    grace: float = 5.0,
 ) -> Run:
     rng = random.Random(seed)
     webhooks = _hooks(fan_outs)
@@ -254,11 +261,11 @@ def run_engine(
     for record in produced:
         kafka.append("src", encode_plain(schema, record), None, None)
     consumer = FakeConsumer(kafka)
-    sender = FakeSender(rng, status_of)
+    sender = make_sender(rng, status_of)
     pipeline = Pipeline(
         config,
         consumer=consumer,  # type: ignore[arg-type]
-        producer=FakeProducer(kafka),  # type: ignore[arg-type]
+        producer=make_producer(kafka),  # type: ignore[arg-type]
         sender=sender,  # type: ignore[arg-type]
         decoder=Decoder(schema),
         metrics=Metrics(CollectorRegistry()),
@@ -274,7 +281,7 @@ def run_engine(
                     await asyncio.sleep(0.005)
         finally:
             loop = asyncio.get_running_loop()
-            await pipeline.drain(loop.time() + 5)
+            await pipeline.drain(loop.time() + grace)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             consumer.executor.shutdown(wait=True)
@@ -309,18 +316,20 @@ def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int) -> No
         def sample() -> None:
             pipeline = run.pipeline
             alone = len([n for n in in_flight_by_record.values() if n]) == 1
-            if pipeline.in_flight > limit and not alone:
-                violations.append(f"{pipeline.in_flight} in flight over {in_flight_by_record}")
+            in_flight = pipeline.in_flight.count
+            if in_flight > limit and not alone:
+                violations.append(f"{in_flight} in flight over {in_flight_by_record}")
 
         return sample
 
     def prepare(run: Run) -> None:
         run.sender.samples.append(watch(run))
-        original = run.pipeline._deliver
+        dispatcher = run.pipeline.dispatcher
+        original = dispatcher.deliver
 
         def deliver(delivery: Any, webhook: Any, work: Any) -> Any:
             # Called when the delivery is spawned (counted in flight from then on).
-            key = (work.tp, work.offset)
+            key = (work.partition.tp, work.offset)
             in_flight_by_record[key] = in_flight_by_record.get(key, 0) + 1
 
             async def delivering() -> None:
@@ -331,7 +340,7 @@ def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int) -> No
 
             return delivering()
 
-        run.pipeline._deliver = deliver  # type: ignore[method-assign]
+        dispatcher.deliver = deliver
 
     def done(run: Run) -> bool:
         return run.consumer.stored.get(("src", 0)) == len(run.records)
@@ -410,8 +419,11 @@ def test_a_failing_producer_is_tried_again_and_nothing_is_lost() -> None:
     """Every delivery fails once (503); the first three writes of its retry are refused: each is
     written again, every pair is received on its second attempt, and the commit moves."""
 
-    def prepare(run: Run) -> None:
-        run.pipeline.producer = FailingProducer(run.kafka, 3)  # type: ignore[assignment]
+    producers: list[FailingProducer] = []
+
+    def failing(kafka: FakeKafka) -> FakeProducer:
+        producers.append(FailingProducer(kafka, 3))
+        return producers[0]
 
     def done(run: Run) -> bool:
         return len(run.sender.received) == len(run.records) and run.consumer.stored.get(
@@ -419,9 +431,15 @@ def test_a_failing_producer_is_tried_again_and_nothing_is_lost() -> None:
         ) == len(run.records)
 
     run = run_engine(
-        7, 20, {"acct": 1}, 4, lambda _id, seen: 503 if seen == 0 else 200, done, prepare
+        7,
+        20,
+        {"acct": 1},
+        4,
+        lambda _id, seen: 503 if seen == 0 else 200,
+        done,
+        make_producer=failing,
     )
-    assert run.pipeline.producer.refused == 3  # type: ignore[attr-defined]
+    assert producers[0].refused == 3
     assert len(run.kafka.topics["src.retry.1"]) == 4, "each retry written once it was accepted"
     assert all(run.sender.seen[i] == 2 for i in run.sender.received)
     assert run.consumer.stored[("src", 0)] == 4
@@ -446,8 +464,6 @@ def test_a_stalled_webhook_is_parked_while_the_other_is_delivered() -> None:
     are parked (no request made) while the other webhook of the same records gets all of them."""
 
     def prepare(run: Run) -> None:
-        run.pipeline.sender = HangingSender(random.Random(1), "acct-0")  # type: ignore[assignment]
-        run.sender = run.pipeline.sender  # type: ignore[assignment]
         hooks = tuple(
             replace(w, timeout_seconds=0.3) if w.id == "acct-0" else w for w in run.webhooks
         )
@@ -459,7 +475,16 @@ def test_a_stalled_webhook_is_parked_while_the_other_is_delivered() -> None:
             and len(run.kafka.topics.get("src.parked", [])) > 0
         )
 
-    run = run_engine(8, 100, {"acct": 2}, 40, lambda _id, _seen: 200, done, prepare)
+    run = run_engine(
+        8,
+        100,
+        {"acct": 2},
+        40,
+        lambda _id, _seen: 200,
+        done,
+        prepare,
+        make_sender=lambda _rng, _status_of: HangingSender(random.Random(1), "acct-0"),
+    )
     parked = [header_map(m.headers()) for m in run.kafka.topics["src.parked"]]
     assert {h["bridge-webhook"] for h in parked} == {"acct-0"}
     assert {h["bridge-attempt"] for h in parked} == {"0"}, "parking uses no attempt"
@@ -469,22 +494,22 @@ def test_a_stalled_webhook_is_parked_while_the_other_is_delivered() -> None:
 
 
 def test_revoke_while_deliveries_are_in_flight_commits_only_finished_work() -> None:
-    """The partition is revoked while one webhook's deliveries hang: the revoke waits for the
-    engine's drain limit, cancels what is left and commits only the prefix of finished records;
-    the partition's state is dropped whole and made fresh on the next assign."""
+    """The partition is revoked while its one webhook's deliveries hang: the revoke waits for the
+    engine's drain limit, cancels what is left and commits nothing (no record finished); the
+    partition's state is dropped whole and made fresh on the next assign, which delivers the
+    records again. At shutdown those are handed off to rung 1, once each, and committed."""
 
-    def prepare(run: Run) -> None:
-        run.pipeline.sender = HangingSender(random.Random(2), "acct-0")  # type: ignore[assignment]
-        run.pipeline.sender.samples = []  # type: ignore[attr-defined]
-        pipeline_module.REVOKE_DRAIN_S = 0.2
+    def prepare(_run: Run) -> None:
+        rebalance_module.REVOKE_DRAIN_S = 0.2
 
-    revoked: list[Any] = []
+    revoked: list[Any] = []  # the partition's state before the revoke
+    at_reassign: list[int] = []  # the source offset stored when the fresh state took work
 
     def done(run: Run) -> bool:
         pipeline = run.pipeline
-        if not revoked and pipeline.in_flight >= 3:
+        if not revoked and pipeline.in_flight.count >= 3:
             consumer = run.consumer
-            revoked.append(True)
+            revoked.append(pipeline.partitions.get(("src", 0)))
 
             def revoke() -> None:
                 consumer.callbacks["revoke"](consumer, [TopicPartition("src", 0)])
@@ -492,13 +517,29 @@ def test_revoke_while_deliveries_are_in_flight_commits_only_finished_work() -> N
 
             consumer.executor.submit(revoke)
             return False
-        return bool(revoked) and ("src", 0) in pipeline.trackers and pipeline.in_flight >= 1
+        fresh = pipeline.partitions.get(("src", 0))
+        if revoked and fresh is not None and fresh is not revoked[0] and len(fresh.tasks) == 5:
+            at_reassign.append(run.consumer.stored.get(("src", 0), 0))
+            return True
+        return False
 
-    original = pipeline_module.REVOKE_DRAIN_S
+    original = rebalance_module.REVOKE_DRAIN_S
     try:
-        run = run_engine(9, 100, {"acct": 1}, 5, lambda _id, _seen: 200, done, prepare)
+        run = run_engine(
+            9,
+            100,
+            {"acct": 1},
+            5,
+            lambda _id, _seen: 200,
+            done,
+            prepare,
+            make_sender=lambda _rng, _status_of: HangingSender(random.Random(2), "acct-0"),
+            grace=1.0,
+        )
     finally:
-        pipeline_module.REVOKE_DRAIN_S = original
-    # Nothing of the hung webhook finished: no offset of the source may have been committed.
-    assert run.consumer.stored.get(("src", 0), 0) == 0
-    assert run.pipeline.trackers[("src", 0)] is not None
+        rebalance_module.REVOKE_DRAIN_S = original
+    assert at_reassign == [0], "nothing of the hung webhook finished: nothing committed"
+    assert revoked[0] is not None and not revoked[0].tasks, "the old state's work all ended"
+    handed_off = run.kafka.topics.get("src.retry.1", [])
+    assert len(handed_off) == 5, "only the fresh assignment's deliveries are handed off"
+    assert run.consumer.stored[("src", 0)] == 5

@@ -1,0 +1,165 @@
+"""What a consumed record becomes: deliveries started, a hold, or a dead letter.
+
+A source record is decoded, mapped and matched to webhooks, one delivery for each match; a record
+that can never become a notification (poison) is dead-lettered whole, and one whose schema the
+registry cannot give now holds its partition, backing off. A retry record (from a delay topic or
+the parking topic) is taken once it is due, each of its deliveries going to its webhook again, or
+to the dead letters if that webhook was removed, disabled or no longer subscribed to the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from confluent_kafka import Message
+
+from bridge.codec.decoding import Decoder
+from bridge.core.envelope import EnvelopeError, PendingDelivery, SourceRef, expand, parse_delivery
+from bridge.core.errors import BridgeError, RecordError
+from bridge.core.mapping import to_notification
+from bridge.core.signing import message_id
+from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Webhook
+from bridge.engine.dispatch import Dispatcher
+from bridge.engine.partition import PartitionState
+from bridge.engine.recovery import Recovery
+from bridge.ops.metrics import Metrics
+
+log = logging.getLogger("bridge.engine.pipeline")  # the logger its events always had
+
+REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class Intake:
+    """Takes consumed records: source records and retry records."""
+
+    def __init__(
+        self,
+        subscriptions: Subscriptions,
+        decoder: Decoder,
+        dispatcher: Dispatcher,
+        recovery: Recovery,
+        metrics: Metrics,
+    ) -> None:
+        self.subscriptions = subscriptions  # swapped whole on a reload
+        self.decoder = decoder
+        self.dispatcher = dispatcher
+        self.recovery = recovery
+        self.metrics = metrics
+
+    async def source(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool | None:
+        """Take a source record: True when taken, False when its partition is held (the registry
+        cannot answer), None when its deliveries do not fit in the in-flight limit now (a record
+        whose fan-out alone exceeds the limit is taken when nothing else is in flight)."""
+        tp = partition.tp
+        value = msg.value() or b""
+        ts_type, ts = msg.timestamp()
+        source = SourceRef(tp[0], tp[1], msg.offset(), ts if ts_type and ts > 0 else wall_ms)
+        try:
+            if self.decoder.schema_id_to_fetch(value) is not None:
+                record = await asyncio.get_running_loop().run_in_executor(
+                    None, self.decoder.decode, value
+                )
+            else:
+                record = self.decoder.decode(value)
+            notification = to_notification(record, value)
+        except BridgeError as exc:
+            if not exc.retriable:  # the record can never become a notification
+                self.metrics.consumed_source.inc()
+                self.metrics.record_failures.labels(exc.reason).inc()
+                self._poison(msg, partition, source, exc)
+                return True
+            self._hold(partition, source.offset, exc)
+            return False
+        webhooks = self.subscriptions.match(notification.account_holder_id, notification.event)
+        if not self.dispatcher.in_flight.fits(len(webhooks)):
+            return None
+        partition.registry_failures = 0
+        self.metrics.consumed_source.inc()
+        partition.started(source.offset)
+        if not webhooks:
+            partition.finished(source.offset)
+            return True
+        wanted = [
+            (
+                PendingDelivery(
+                    webhook_id=webhook.id,
+                    message_id=message_id(
+                        notification.transaction_id, notification.event, webhook.id
+                    ),
+                    event=notification.event,
+                    transaction_id=notification.transaction_id,
+                    body=notification.body,
+                    attempt=0,
+                    source=source,
+                    key=msg.key(),
+                ),
+                webhook,
+            )
+            for webhook in webhooks
+        ]
+        self.dispatcher.dispatch(partition, source.offset, wanted, [])
+        return True
+
+    def _hold(self, partition: PartitionState, offset: int, exc: BridgeError) -> None:
+        """Hold a partition whose record is fine but needs what cannot answer now (the schema
+        registry): it is tried again after a back-off that grows with each failure in a row."""
+        failures = partition.registry_failures
+        partition.registry_failures = failures + 1
+        delay = REGISTRY_BACKOFF_S[min(failures, len(REGISTRY_BACKOFF_S) - 1)]
+        partition.hold(time.monotonic() + delay)
+        log.warning(
+            "registry.unavailable" if exc.reason == "registry_unavailable" else "record.held",
+            extra={
+                "fields": {
+                    "topic": partition.tp[0],
+                    "partition": partition.tp[1],
+                    "offset": offset,
+                    "retry_in_s": delay,
+                    "error": str(exc),
+                }
+            },
+        )
+
+    def _poison(
+        self, msg: Message, partition: PartitionState, source: SourceRef, error: BridgeError
+    ) -> None:
+        """Dead-letter a record that can never be delivered; it is finished once written."""
+        partition.started(source.offset)
+        self.dispatcher.settle(
+            partition, source.offset, self.recovery.dead_letter_poison(msg, source, error)
+        )
+
+    def retry(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool:
+        """Take a retry record: True when taken (or dead-lettered as malformed), False when it
+        is not due yet (its partition is then held until it is)."""
+        tp = partition.tp
+        try:
+            delivery = parse_delivery(msg.headers(), msg.value(), msg.key())
+        except EnvelopeError as exc:
+            source = SourceRef(tp[0], tp[1], msg.offset(), wall_ms)
+            error = RecordError("malformed_retry_record", str(exc), msg.value())
+            self._poison(msg, partition, source, error)
+            return True
+        if delivery.due_ms > wall_ms:
+            partition.hold(time.monotonic() + (delivery.due_ms - wall_ms) / 1000)
+            return False
+        self.metrics.consumed_retry.inc()
+        self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
+        partition.started(msg.offset())
+        wanted: list[tuple[PendingDelivery, Webhook]] = []
+        gone: list[tuple[PendingDelivery, str]] = []
+        for one in expand(delivery):
+            webhook = self.subscriptions.get(one.webhook_id)
+            if webhook is not None and webhook.enabled and one.event in webhook.events:
+                wanted.append((one, webhook))
+            elif webhook is None:
+                gone.append((one, "webhook_removed"))
+            elif not webhook.enabled:
+                gone.append((one, "webhook_disabled"))
+            else:
+                gone.append((one, "event_unsubscribed"))
+        self.dispatcher.dispatch(partition, msg.offset(), wanted, gone)
+        return True

@@ -1,0 +1,144 @@
+"""Handing what cannot be delivered now to a bridge topic: a delay topic of the retry ladder, the
+parking topic, or the dead letters.
+
+Every write is tried again until the broker acknowledges it (:meth:`Recovery.produce`): a delivery
+or a record is finished only once it was received or durably handed over, so a broker that
+refuses writes holds up the commit instead of losing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+
+from confluent_kafka import Message
+
+from bridge.core.envelope import (
+    PendingDelivery,
+    SourceRef,
+    dead_letter_headers,
+    delay_headers,
+    poison_headers,
+)
+from bridge.core.errors import BridgeError
+from bridge.core.retry import GiveUp, RetryPolicy
+from bridge.engine.clock import now_ms, now_ms_rounded_up
+from bridge.kafka.producer import DurableProducer, ProduceError
+from bridge.ops.metrics import Metrics
+
+# The engine's delivery and record events keep the logger name they have always had.
+log = logging.getLogger("bridge.engine.pipeline")
+
+PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class Recovery:
+    """Writes deliveries and records to the bridge's own topics, until the broker has them."""
+
+    def __init__(
+        self,
+        producer: DurableProducer,
+        policy: RetryPolicy,
+        metrics: Metrics,
+        dead_letter_topic: str,
+    ) -> None:
+        self.producer = producer
+        self.policy = policy
+        self.metrics = metrics
+        self.dead_letter_topic = dead_letter_topic
+
+    async def delay(self, delivery: PendingDelivery, topic: str) -> None:
+        """Write a delivery to a delay topic (a rung of the ladder, or the parking topic)."""
+        await self.produce(topic, delivery.body, delivery.key, delay_headers(delivery), "retry")
+
+    async def park(self, deliveries: list[PendingDelivery]) -> None:
+        """Park deliveries of one record (one event, one attempt, as often parked) in one record
+        of the parking topic, without using an attempt; each parked too often is dead-lettered."""
+        first = deliveries[0]
+        step = self.policy.defer(first.attempt, first.deferrals, now_ms_rounded_up())
+        if isinstance(step, GiveUp):
+            for delivery in deliveries:
+                await self.dead_letter(delivery, "webhook_stalled", step.attempts_made)
+            return
+        parked = replace(
+            first.next(first.attempt, step.due_ms, None, "", deferred=True),
+            also=tuple(d.webhook_id for d in deliveries[1:]),
+        )
+        await self.delay(parked, step.topic)
+        for delivery in deliveries:
+            self.metrics.deferrals.labels(delivery.webhook_id).inc()
+
+    async def hand_off(self, delivery: PendingDelivery) -> None:
+        """At shutdown: park a delivery still in flight in rung 1, due at once, same attempt."""
+        await self.delay(replace(delivery, due_ms=now_ms()), self.policy.delay_topics[0])
+
+    async def dead_letter(
+        self, delivery: PendingDelivery, reason: str, attempts: int | None = None
+    ) -> None:
+        """Write a delivery to the dead letters, saying why and after how many requests."""
+        made = delivery.attempt if attempts is None else attempts  # requests made so far
+        headers = dead_letter_headers(delivery, reason, made, now_ms())
+        await self.produce(
+            self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
+        )
+        self.metrics.dead_letters.labels(delivery.webhook_id, reason).inc()
+        log.warning(
+            "delivery.dead_lettered",
+            extra={
+                "fields": {
+                    "webhook": delivery.webhook_id,
+                    "message_id": delivery.message_id,
+                    "reason": reason,
+                    "attempts": made,
+                    "last_error": delivery.last_error,
+                }
+            },
+        )
+
+    async def dead_letter_poison(self, msg: Message, source: SourceRef, error: BridgeError) -> None:
+        """Write a record that can never be delivered to the dead letters, whole."""
+        headers = poison_headers(source, error.reason, error.detail, now_ms())
+        await self.produce(self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter")
+        self.metrics.dead_letters.labels("", error.reason).inc()
+        log.warning(
+            "record.dead_lettered",
+            extra={
+                "fields": {
+                    "reason": error.reason,
+                    "detail": error.detail[:300],
+                    "topic": source.topic,
+                    "partition": source.partition,
+                    "offset": source.offset,
+                }
+            },
+        )
+
+    async def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        kind: str,
+    ) -> None:
+        """Write to a bridge topic, trying again until the broker acknowledges it."""
+        failures = 0
+        while True:
+            try:
+                await self.producer.send(topic, value, key, headers)
+                return
+            except Exception as exc:  # ProduceError, or anything the client raises: try again
+                self.metrics.produce_failures.labels(kind).inc()
+                delay = PRODUCE_BACKOFF_S[min(failures, len(PRODUCE_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning(
+                    "produce.failed",
+                    extra={"fields": {"topic": topic, "error": _short(exc), "retry_in_s": delay}},
+                )
+                await asyncio.sleep(delay)
+
+
+def _short(exc: Exception) -> str:
+    """A ProduceError's text (the broker's words); for anything else only the type."""
+    return str(exc)[:300] if isinstance(exc, ProduceError) else type(exc).__name__
