@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,22 @@ class BridgeSetup:
     def stop_all(self) -> None:
         for process in self.processes:
             process.terminate()
+
+
+def setups(bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., BridgeSetup]]:
+    """The body of a ``bridge_setup`` fixture: makes set-ups (own topics, group, config) on
+    ``bootstrap`` for webhooks, and stops their bridges at the end."""
+    made: list[BridgeSetup] = []
+
+    def make(webhooks: list[dict[str, Any]], **options: Any) -> BridgeSetup:
+        setup = BridgeSetup(bootstrap, tmp_path, webhooks, **options)
+        setup.create_topics()
+        made.append(setup)
+        return setup
+
+    yield make
+    for setup in made:
+        setup.stop_all()
 
 
 class BridgeProcess:

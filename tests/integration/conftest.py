@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.bridge_harness import BridgeSetup
+from tests.bridge_harness import BridgeSetup, setups
 from tests.receiver import Receiver
 
 
@@ -25,14 +24,4 @@ def receiver() -> Iterator[Receiver]:
 @pytest.fixture
 def bridge_setup(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., BridgeSetup]]:
     """Make a set-up (own topics, group, config) for webhooks; bridges are stopped at the end."""
-    made: list[BridgeSetup] = []
-
-    def make(webhooks: list[dict[str, Any]], **options: Any) -> BridgeSetup:
-        setup = BridgeSetup(kafka_bootstrap, tmp_path, webhooks, **options)
-        setup.create_topics()
-        made.append(setup)
-        return setup
-
-    yield make
-    for setup in made:
-        setup.stop_all()
+    yield from setups(kafka_bootstrap, tmp_path)

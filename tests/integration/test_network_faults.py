@@ -27,14 +27,13 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bridge.ops.metrics import RX_IDLE_LIMIT_US
 from devtools.devkafka import Broker
 from devtools.samples import make_record
-from tests.bridge_harness import BridgeSetup, webhook
+from tests.bridge_harness import BridgeSetup, setups, webhook
 from tests.integration.test_faults import (
     COMMIT_WINDOW_S,
     FAST_FAILOVER,
@@ -115,17 +114,7 @@ def receiver(inside: Namespace) -> Iterator[Receiver]:
 def bridge_setup(inside: Namespace, broker_in_net: str, tmp_path: Path) -> Iterator[Setup]:
     """Make a set-up (own topics, group, config) on the namespace's broker; its bridges are
     stopped at the end."""
-    made: list[BridgeSetup] = []
-
-    def make(webhooks: list[dict[str, Any]], **options: Any) -> BridgeSetup:
-        setup = BridgeSetup(broker_in_net, tmp_path, webhooks, **options)
-        setup.create_topics()
-        made.append(setup)
-        return setup
-
-    yield make
-    for setup in made:
-        setup.stop_all()
+    yield from setups(broker_in_net, tmp_path)
 
 
 BOILERPLATE = ("ts", "level", "logger", "event")
