@@ -2,9 +2,12 @@
 
 It answers by path prefix: ``/ok`` 200, ``/close`` 200 and closes the connection (``Connection:
 close``, as a receiver that keeps no connection open), ``/fail`` 500, ``/retry`` 500 to the first
-``--fail-first`` requests of each ``webhook-id`` then 200, ``/hang`` never answers. It logs every
-request as (arrival time, path, webhook-id, status) in memory; ``GET /__stats`` returns counts and
-``POST /__dump`` writes the log as JSON lines to ``--out`` and clears it.
+``--fail-first`` requests of each ``webhook-id`` then 200, ``/slow`` 200 after ``--slow-seconds``
+(1 s by default), ``/hang`` never answers. It logs every request as (arrival time, path,
+webhook-id, status) in memory (``/slow`` at its answer); ``GET /__stats`` returns counts and
+``POST /__dump`` writes the log as JSON lines to ``--out`` and clears it. ``POST /__drain`` (the
+soak's, ``devtools.soak``) answers the log so far as a JSON list and clears only the log, keeping
+the counts and the ``/retry`` attempts seen.
 
 With ``--tls-port`` and ``--tls-cert`` (a PEM file holding the key and the certificate chain) the
 same application is also served over TLS on that port (``devtools.bench_https`` makes the
@@ -27,9 +30,10 @@ from aiohttp import web
 class BenchReceiver:
     """The receiver's state: behaviour settings, per-id attempt counts and the request log."""
 
-    def __init__(self, fail_first: int, out: str) -> None:
+    def __init__(self, fail_first: int, out: str, slow_seconds: float = 1.0) -> None:
         self.fail_first = fail_first
         self.out = out
+        self.slow_seconds = slow_seconds
         self.log: list[tuple[float, str, str, int]] = []
         self.seen: Counter[str] = Counter()
         self.received = 0
@@ -41,6 +45,8 @@ class BenchReceiver:
         if path.startswith("/hang"):
             self.log.append((time.time(), path, message_id, 0))
             await asyncio.sleep(3600)
+        if path.startswith("/slow"):
+            await asyncio.sleep(self.slow_seconds)
         status = 200
         if path.startswith("/fail"):
             status = 500
@@ -69,12 +75,17 @@ class BenchReceiver:
         self.received = 0
         return web.json_response({"written": count})
 
+    async def drain(self, _request: web.Request) -> web.Response:
+        entries, self.log = self.log, []
+        return web.json_response(entries)
+
 
 def make_app(receiver: BenchReceiver) -> web.Application:
     """The receiver's routes: statistics, the log dump, and every other path answered."""
     app = web.Application()
     app.router.add_get("/__stats", receiver.stats)
     app.router.add_post("/__dump", receiver.dump)
+    app.router.add_post("/__drain", receiver.drain)
     app.router.add_route("*", "/{tail:.*}", receiver.handle)
     return app
 
@@ -109,12 +120,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-first", type=int, default=1)
+    parser.add_argument("--slow-seconds", type=float, default=1.0, help="how long /slow waits")
     parser.add_argument("--tls-port", type=int, default=0, help="also serve over TLS here")
     parser.add_argument("--tls-cert", help="PEM file: the key and the certificate chain")
     args = parser.parse_args()
     if args.tls_port and not args.tls_cert:
         parser.error("--tls-port needs --tls-cert")
-    app = make_app(BenchReceiver(args.fail_first, args.out))
+    app = make_app(BenchReceiver(args.fail_first, args.out, args.slow_seconds))
     import uvloop
 
     uvloop.run(serve(app, args.port, args.tls_port, args.tls_cert))
