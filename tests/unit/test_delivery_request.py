@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -180,7 +181,7 @@ def test_a_webhook_that_answers_nothing_spends_its_credit_then_is_parked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(budget.time, "monotonic", clock)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
     lane = Lane(4, patience=5)
     burst = int(UNANSWERED_BURST)
     let_in = _unanswered_attempts(lane, burst + 50)
@@ -195,7 +196,7 @@ def test_a_webhook_that_answers_nothing_spends_its_credit_then_is_parked(
 
 def test_answers_spend_no_credit_and_cannot_refill_it(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(budget.time, "monotonic", clock)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
 
     async def answered(lane: Lane, count: int) -> int:
         let_in = 0
@@ -223,7 +224,7 @@ def test_attempts_under_way_when_credit_runs_out_leave_a_bounded_debt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(budget.time, "monotonic", clock)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
     lane = Lane(10_000, patience=5)
     entered = [asyncio.run(lane.enter()) for _ in range(3 * int(UNANSWERED_BURST))]
     assert all(entered)  # all started while credit was left
@@ -240,7 +241,7 @@ def test_a_waiter_whose_credit_ran_out_is_parked_and_passes_its_slot_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(budget.time, "monotonic", clock)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
 
     async def scenario() -> tuple[bool, bool, int]:
         lane = Lane(1, patience=5)
@@ -275,7 +276,7 @@ def test_shed_parks_only_the_waiters_that_waited_their_patience(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(budget.time, "monotonic", clock)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
 
     async def scenario() -> tuple[int, int, list[bool], int]:
         lane = Lane(1, patience=2.0)
@@ -314,3 +315,38 @@ def test_a_stalled_lane_refuses_new_work_only_while_every_slot_is_taken() -> Non
         return seen
 
     assert asyncio.run(scenario()) == [True, False, True]
+
+
+def test_at_the_limit_a_lane_keeps_only_its_share_of_waiters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two webhooks busy, a limit of 20: each one's share is 10. The slow one (2 active, 30
+    waiting) keeps its first 8 waiters (its share less its active), the latest comers are parked;
+    the other, under its share, keeps all. A webhook alone keeps the whole limit."""
+    clock = FakeClock()
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))
+
+    async def scenario() -> tuple[int, list[bool], int, int]:
+        lanes = budget.Lanes(60.0, lambda: False)
+        slow, other = Lane(2, patience=60.0), Lane(2, patience=60.0)
+        lanes["slow"], lanes["other"] = slow, other
+        for lane in (slow, other):
+            assert await lane.enter() and await lane.enter()
+        waiting = [asyncio.ensure_future(slow.enter()) for _ in range(30)]
+        others = [asyncio.ensure_future(other.enter()) for _ in range(3)]
+        await asyncio.sleep(0)
+        shed = lanes.shed_waiters(20)
+        await asyncio.sleep(0)
+        parked = [task.done() and not task.result() for task in waiting]
+        alone = budget.Lanes(60.0, lambda: False)
+        alone["slow"] = slow
+        shed_alone = alone.shed_waiters(1000)
+        for task in [*waiting, *others]:
+            task.cancel()
+        return shed, parked, sum(not t.done() for t in others), shed_alone
+
+    shed, parked, others_waiting, shed_alone = asyncio.run(scenario())
+    assert shed == 22
+    assert parked == [False] * 8 + [True] * 22  # the first comers keep their places
+    assert others_waiting == 3
+    assert shed_alone == 0
