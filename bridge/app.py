@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
 from bridge.codec.build import build_decoder
-from bridge.config.reload import ConfigWatcher
+from bridge.config.reload import ConfigWatcher, Primer
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
 from bridge.engine.pipeline import Pipeline, run_until
@@ -42,7 +42,12 @@ def bound_port(runner: web.AppRunner) -> int:
 class App:
     """Everything ``bridge run`` starts, wired together."""
 
-    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        registry: CollectorRegistry | None = None,
+        primer: Primer | None = None,
+    ) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(
@@ -81,7 +86,9 @@ class App:
         self.clean = True  # False when shutdown had to leave something behind at the deadline
         # Loaded in a child process: parsing 10,000 webhooks in a thread held the interpreter
         # lock, and so every delivery, for seconds (bridge/config/reload.py).
-        self.watcher = ConfigWatcher(config, self._apply, self._rejected, isolated=True)
+        self.watcher = ConfigWatcher(
+            config, self._apply, self._rejected, isolated=True, primer=primer
+        )
 
     def _on_stats(self, stats_json: str) -> None:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))

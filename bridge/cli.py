@@ -25,6 +25,7 @@ from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
 
 if TYPE_CHECKING:
+    from bridge.config.reload import Primer
     from bridge.ops.dlq import DeadLetter, Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -103,14 +104,14 @@ def parse_time(text: str, now: float | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume and deliver until SIGTERM/SIGINT."""
-    from bridge.config.reload import load_isolated
+    from bridge.config.reload import load_isolated_primed
     from bridge.kafka.security import KafkaSecurityError
     from bridge.ops import logs
 
-    config = load_isolated(config_path(args))  # the service holds no parse leftovers
+    config, primer = load_isolated_primed(config_path(args))  # no parse leftovers held
     logs.configure(config.logging.format, config.logging.level)
     try:
-        clean = run_event_loop(_run_app(config))
+        clean = run_event_loop(_run_app(config, primer))
     except KafkaSecurityError as exc:  # logged as kafka.start_failed; no retry can mend it
         raise CliError(str(exc), hint=SECURITY_HINT) from None
     if not clean:
@@ -133,11 +134,11 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-async def _run_app(config: Config) -> bool:
+async def _run_app(config: Config, primer: Primer | None = None) -> bool:
     """Run the service; True when its shutdown finished every step within the grace period."""
     from bridge.app import App
 
-    app = App(config)
+    app = App(config, primer=primer)
     await app.run()
     return app.clean
 

@@ -158,6 +158,7 @@ class ConfigWatcher:
         interval_seconds: float = POLL_INTERVAL_S,
         environ: Mapping[str, str] = os.environ,
         isolated: bool = False,
+        primer: Primer | None = None,
     ) -> None:
         self._current = current
         self._on_change = on_change
@@ -170,7 +171,7 @@ class ConfigWatcher:
         self._retry_at = 0.0
         self._hash_at = 0.0
         self._fingerprints = _Fingerprints()
-        self._loader = _IsolatedLoader(environ) if isolated else None
+        self._loader = _IsolatedLoader(environ, current, primer) if isolated else None
         self.generation = 1  # configurations in force so far (the first one counts)
         self.applied_at = time.time()  # when the one in force was loaded or applied
 
@@ -195,7 +196,8 @@ class ConfigWatcher:
         try:
             if self._loader is not None:
                 self._loader.keep_spare = True
-                await self._loader.prime(self._current)
+                if not self._loader.primed:  # (a Primer from the first load spares this)
+                    await self._loader.prime(self._current)
             while True:
                 await asyncio.sleep(self._interval)
                 await self.poll(retry_rejected=time.monotonic() >= self._retry_at)
@@ -356,12 +358,15 @@ class _IsolatedLoader:
     exchange with one runs on a thread, blocked in system calls that release the interpreter
     lock."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self, environ: Mapping[str, str], current: Config, primer: Primer | None = None
+    ) -> None:
         self._environ = environ
-        self._key = secrets.token_bytes(32)
+        self._key = secrets.token_bytes(32) if primer is None else primer.key
         self._spare: subprocess.Popen[bytes] | None = None
-        self._digests: dict[str, bytes] | None = None  # of the webhooks in force, once known
-        self._by_id: dict[str, Webhook] = {}
+        # The digests of the webhooks in force, once known (from the first load's child).
+        self._digests: dict[str, bytes] | None = None if primer is None else dict(primer.digests)
+        self._by_id: dict[str, Webhook] = {w.id: w for w in current.webhooks}
         # Loaded, not yet applied: the configuration, its webhooks by id, and their digests.
         self._pending: tuple[Config, dict[str, Webhook], dict[str, bytes]] | None = None
         self.keep_spare = False  # start the next child as soon as one has answered (run())
@@ -462,17 +467,35 @@ class _IsolatedLoader:
         return answer
 
 
+@dataclasses.dataclass(frozen=True)
+class Primer:
+    """What a child told of the webhooks it loaded: their digests under ``key``. Handed to the
+    :class:`ConfigWatcher` of the same configuration, it spares the watcher a second load to
+    learn them (:meth:`_IsolatedLoader.prime`)."""
+
+    key: bytes
+    digests: Mapping[str, bytes]
+
+
 def load_isolated(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """:func:`~bridge.config.loader.load_config` done in a child process (see
+    :func:`load_isolated_primed`)."""
+    return load_isolated_primed(path, environ)[0]
+
+
+def load_isolated_primed(
+    path: str | Path, environ: Mapping[str, str] | None = None
+) -> tuple[Config, Primer | None]:
     """:func:`~bridge.config.loader.load_config` done in a child process, for ``bridge run``'s
     first load: the process then holds only the configuration, unpickled into fresh memory,
     never the parse's leftovers. (Loaded in place, 10,000 webhooks left the process 66 MB larger
     although the objects kept were 10 MB: the parse's freed memory stays scattered between
-    them.) Raises ConfigError exactly as ``load_config`` does; where no child can be started or
-    it fails, loads in this process instead."""
+    them.) Also returns the webhooks' digests for the watcher (None when loaded in place).
+    Raises ConfigError exactly as ``load_config`` does; where no child can be started or it
+    fails, loads in this process instead."""
     environ = os.environ if environ is None else environ
-    request = pickle.dumps(
-        {"path": str(path), "environ": dict(environ), "known": {}, "key": secrets.token_bytes(32)}
-    )
+    key = secrets.token_bytes(32)
+    request = pickle.dumps({"path": str(path), "environ": dict(environ), "known": {}, "key": key})
     try:
         child = _start()
         try:
@@ -480,18 +503,18 @@ def load_isolated(path: str | Path, environ: Mapping[str, str] | None = None) ->
         finally:
             _end(child)
     except (WorkerFailed, pickle.UnpicklingError, EOFError):
-        return load_config(path, environ)
+        return load_config(path, environ), None
     if reply[0] == "rejected":
         raise ConfigError(reply[1], list(reply[2]))
-    if reply[0] != "config":
-        return load_config(path, environ)  # the child met something unforeseen: say it here
-    _kind, sections, properties, _order, _fresh, count, chunks = reply
+    if reply[0] != "config":  # the child met something unforeseen: say it from here
+        return load_config(path, environ), None
+    _kind, sections, properties, _order, fresh, count, chunks = reply
     webhooks = tuple(w for chunk in chunks for w in pickle.loads(chunk))
-    if len(webhooks) != count:
-        return load_config(path, environ)
+    if len(webhooks) != count or len(fresh) != count:
+        return load_config(path, environ), None
     kafka = dataclasses.replace(sections.kafka, properties=MappingProxyType(properties))
     config: Config = dataclasses.replace(sections, kafka=kafka, webhooks=webhooks)
-    return config
+    return config, Primer(key, dict(fresh))
 
 
 def _start() -> subprocess.Popen[bytes]:

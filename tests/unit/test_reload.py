@@ -761,3 +761,43 @@ def test_load_isolated_gives_what_load_config_gives(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as direct:
         load_config(bad)
     assert isolated.value.problems == direct.value.problems
+
+
+def test_the_first_load_primes_the_watcher_so_a_change_during_start_ships_only_itself(
+    tmp_path: Path,
+) -> None:
+    """``bridge run`` loads in a child that also returns the webhooks' digests: the watcher is
+    primed from its first turn (no second load), so even a file changed before the watcher's
+    first poll ships only the webhooks that changed, not all of them."""
+    from bridge.config.reload import load_isolated_primed
+
+    path = tmp_path / "bridge.yaml"
+    path.write_text(many_hooks(40))
+    config, primer = load_isolated_primed(path, {})
+    assert primer is not None and len(primer.digests) == 40
+    changes: list[Config] = []
+    watcher = ConfigWatcher(
+        config,
+        changes.append,
+        lambda error: None,
+        interval_seconds=0.02,
+        environ={},
+        isolated=True,
+        primer=primer,
+    )
+    assert watcher.primed
+    path.write_text(many_hooks(40, timeout_of_second=3.0))  # before the watcher's first turn
+
+    async def scenario() -> None:
+        task = asyncio.create_task(watcher.run())
+        try:
+            await wait_until(lambda: len(changes) == 1, timeout=60)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    reused = [a is b for a, b in zip(config.webhooks, changes[0].webhooks, strict=True)]
+    assert reused == [True, False] + [True] * 38, "only the changed webhook was shipped"
+    assert changes[0] == load_config(path, {})
