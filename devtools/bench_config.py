@@ -144,11 +144,27 @@ def write_config(path: Path, webhooks: int, schemas: Path = SCHEMAS) -> Path:
     return path
 
 
+_CHECK_REPORTING_PEAK = """
+import sys
+from pathlib import Path
+from bridge.cli import main
+try:
+    code = main(["check", "-c", sys.argv[1], "--offline"])
+finally:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("peak_kb " + line.split()[1] + "\\n")
+sys.exit(code)
+"""
+"""``bridge check -c FILE --offline`` that reports its own peak RSS (VmHWM, kept per address
+space: ``ru_maxrss`` would start from the size of the parent that spawned it) on stderr last."""
+
+
 def _run_check(path: Path, environ: dict[str, str]) -> tuple[float, float, float]:
     """Wall seconds (process start included), CPU seconds (user + system) and peak RSS in MB of
-    one ``python -m bridge check -c PATH --offline``; ``os.wait4`` reads that child's own
-    resource usage (RUSAGE_CHILDREN would give the largest of every child reaped so far)."""
-    command = [sys.executable, "-m", "bridge", "check", "-c", str(path), "--offline"]
+    one ``bridge check -c PATH --offline`` (through :data:`_CHECK_REPORTING_PEAK`); ``os.wait4``
+    reads that child's own CPU (RUSAGE_CHILDREN would add every child reaped so far)."""
+    command = [sys.executable, "-c", _CHECK_REPORTING_PEAK, str(path)]
     with tempfile.TemporaryFile() as errors:
         started = time.monotonic()
         child = subprocess.Popen(
@@ -157,12 +173,13 @@ def _run_check(path: Path, environ: dict[str, str]) -> tuple[float, float, float
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.monotonic() - started
         child.returncode = os.waitstatus_to_exitcode(status)
-        if child.returncode != 0:
-            errors.seek(0)
-            reason = errors.read()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError(f"bridge check exited with {child.returncode} on {path}: {reason}")
-    cpu = usage.ru_utime + usage.ru_stime
-    return wall, cpu, usage.ru_maxrss / 1024  # kilobytes on Linux
+        errors.seek(0)
+        said = errors.read().decode("utf-8", "replace")
+    if child.returncode != 0:
+        raise RuntimeError(f"bridge check exited with {child.returncode} on {path}: {said[-2000:]}")
+    peaks = [line.split()[1] for line in said.splitlines() if line.startswith("peak_kb ")]
+    peak = int(peaks[-1]) / 1024 if peaks else 0.0
+    return wall, usage.ru_utime + usage.ru_stime, peak
 
 
 def _resident_mb(path: Path, environ: dict[str, str]) -> float:
