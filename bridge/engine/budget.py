@@ -47,9 +47,8 @@ class Lane:
 
     Waiting is also refused when the webhook's unanswered credit is spent (the waiters are turned
     away as the credit runs out), and, while the in-flight limit holds everyone up, to a delivery
-    that has already waited ``patience`` seconds or that lies beyond the webhook's share of the
-    limit (:meth:`shed`, :meth:`Lanes.shed_waiters`): a webhook that answers, but too slowly for
-    its traffic, parks its excess instead of filling the limit.
+    that has already waited ``patience`` seconds (:meth:`shed`): a webhook that answers, but too
+    slowly for its traffic, parks its excess instead of filling the limit.
     """
 
     __slots__ = (
@@ -191,12 +190,11 @@ class Lane:
                 asyncio.get_running_loop().call_soon(self._turn_away)
         self._free_slot()
 
-    def shed(self, keep: int | None = None) -> int:
-        """Turn away (they are parked) the waiters that have waited ``patience`` seconds or more,
-        and, with ``keep``, the latest comers beyond the first ``keep`` waiters: called while
-        the in-flight limit holds everyone up, so a webhook that answers, but too slowly for its
-        traffic, cannot fill the limit with deliveries waiting for its slots. Returns how many
-        were turned away."""
+    def shed(self) -> int:
+        """Turn away the waiters that have waited ``patience`` seconds or more (they are parked):
+        called while the in-flight limit holds everyone up, so a webhook that answers, but too
+        slowly for its traffic, cannot fill the limit with deliveries waiting for its slots.
+        Returns how many were turned away."""
         since = time.monotonic() - self.patience
         shed = 0
         while self.waiters and self.waiters[0][1] <= since:
@@ -204,14 +202,6 @@ class Lane:
             if not waiter.done():
                 waiter.set_result(False)
                 shed += 1
-        if keep is not None:
-            live = sum(1 for waiter, _came in self.waiters if not waiter.done())
-            while live > keep and self.waiters:
-                waiter, _came = self.waiters.pop()
-                if not waiter.done():
-                    waiter.set_result(False)
-                    shed += 1
-                    live -= 1
         return shed
 
     def _free_slot(self) -> None:
@@ -279,15 +269,13 @@ class Lanes(dict[str, Lane]):
                 lane.limit = webhook.concurrency
                 lane.patience = self.patience(webhook)
 
-    def shed_waiters(self, limit: int) -> int:
-        """At the in-flight limit (``limit``): park the deliveries that waited a lane's patience
-        or more for one of its slots, and those beyond the lane's share of the limit (the limit
-        divided among the webhooks with deliveries in flight; a webhook alone with a backlog
-        keeps all of it), the latest comers first. A webhook too slow for its traffic thus
-        holds at most its share, and the others' records are taken. Returns how many."""
-        busy = [lane for lane in self.values() if lane.active or lane.waiters]
-        share = limit // max(1, len(busy))
-        return sum(lane.shed(keep=max(0, share - lane.active)) for lane in busy if lane.waiters)
+    def shed_waiters(self) -> None:
+        """At the in-flight limit: park the deliveries that waited a lane's patience or more for
+        one of its slots (a webhook too slow for its traffic), so they do not hold up the
+        others' records."""
+        for lane in self.values():
+            if lane.waiters:
+                lane.shed()
 
     def needing_attention(self, failing: Mapping[str, float]) -> list[dict[str, Any]]:
         """A row for each webhook failing now (``failing``: since when), stalled, out of

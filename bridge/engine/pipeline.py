@@ -145,7 +145,7 @@ class Pipeline:
             self.last_loop = time.monotonic()
             room = self.in_flight.room()
             if room == 0:
-                self.lanes.shed_waiters(self.in_flight.limit)
+                self.lanes.shed_waiters()
                 await self.in_flight.wait_for_room()
                 room = self.in_flight.room()
             if self.carry:  # records already in hand come first; nothing new is fetched meanwhile

@@ -315,38 +315,3 @@ def test_a_stalled_lane_refuses_new_work_only_while_every_slot_is_taken() -> Non
         return seen
 
     assert asyncio.run(scenario()) == [True, False, True]
-
-
-def test_at_the_limit_a_lane_keeps_only_its_share_of_waiters(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Two webhooks busy, a limit of 20: each one's share is 10. The slow one (2 active, 30
-    waiting) keeps its first 8 waiters (its share less its active), the latest comers are parked;
-    the other, under its share, keeps all. A webhook alone keeps the whole limit."""
-    clock = FakeClock()
-    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))
-
-    async def scenario() -> tuple[int, list[bool], int, int]:
-        lanes = budget.Lanes(60.0, lambda: False)
-        slow, other = Lane(2, patience=60.0), Lane(2, patience=60.0)
-        lanes["slow"], lanes["other"] = slow, other
-        for lane in (slow, other):
-            assert await lane.enter() and await lane.enter()
-        waiting = [asyncio.ensure_future(slow.enter()) for _ in range(30)]
-        others = [asyncio.ensure_future(other.enter()) for _ in range(3)]
-        await asyncio.sleep(0)
-        shed = lanes.shed_waiters(20)
-        await asyncio.sleep(0)
-        parked = [task.done() and not task.result() for task in waiting]
-        alone = budget.Lanes(60.0, lambda: False)
-        alone["slow"] = slow
-        shed_alone = alone.shed_waiters(1000)
-        for task in [*waiting, *others]:
-            task.cancel()
-        return shed, parked, sum(not t.done() for t in others), shed_alone
-
-    shed, parked, others_waiting, shed_alone = asyncio.run(scenario())
-    assert shed == 22
-    assert parked == [False] * 8 + [True] * 22  # the first comers keep their places
-    assert others_waiting == 3
-    assert shed_alone == 0
