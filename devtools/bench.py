@@ -559,6 +559,7 @@ def scenario_throughput(
     with stage.bridge(topic, hooks, metrics=metrics) as process:
         _wait(lambda: stage.received() >= expected, 900, f"{expected} deliveries", 0.2, process)
         rss = peak_rss_mb(process.pid)
+        cpu = process_cpu_seconds(process.pid)  # start-up included, as in the elapsed time
     log = stage.dump()
     last = max(entry[0] for entry in log if entry[3] == 200)
     elapsed = last - started
@@ -568,6 +569,7 @@ def scenario_throughput(
         "deliveries": expected,
         "seconds": round(elapsed, 2),
         "deliveries_per_s": round(expected / elapsed),
+        "cpu_per_1000_s": round(cpu / expected * 1000, 3),
         "metrics": metrics,
         "peak_rss_mb": round(rss, 1),
     }
@@ -720,7 +722,7 @@ def scenario_isolation(stage: Stage, rate: float, seconds: float, neighbour: str
 
 LATENCY_KEYS = ("count", "p50_ms", "p95_ms", "p99_ms", "max_ms")
 ISOLATION_KEYS = (*LATENCY_KEYS, "bridge_cpu_s")
-THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "peak_rss_mb")
+THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "cpu_per_1000_s", "peak_rss_mb")
 NEIGHBOUR_KEYS = ("seconds", "deliveries_per_s", "cpu_seconds")
 
 

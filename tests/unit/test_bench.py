@@ -68,6 +68,7 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
             "metrics": True,
             "seconds": 2.0,
             "deliveries_per_s": 5,
+            "cpu_per_1000_s": 0.3,
             "peak_rss_mb": 90.0,
         },
         {
@@ -75,11 +76,12 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
             "metrics": True,
             "seconds": 1.0,
             "deliveries_per_s": 10,
+            "cpu_per_1000_s": 0.2,
             "peak_rss_mb": 99.0,
         },
     ]
     summary = _median_of(rounds, THROUGHPUT_KEYS)
-    assert summary["deliveries_per_s"] == 7.5
+    assert summary["deliveries_per_s"] == 7.5 and summary["cpu_per_1000_s"] == 0.25
     assert summary["metrics"] is True and summary["records"] == 10
     table = render({"machine": {}, "throughput": summary})
     assert '"round_deliveries_per_s": [5, 10]' in table
