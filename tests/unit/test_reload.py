@@ -468,15 +468,7 @@ def test_a_rejected_file_that_did_not_change_is_loaded_again_only_when_due(
     path = tmp_path / "bridge.yaml"
     path.write_text(config_text())
     recorder = Recorder(path)
-    import bridge.config.reload
-
-    loads = []
-
-    def counting(*args: object) -> Config:
-        loads.append(args)
-        return load_config(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+    loads = count_loads(monkeypatch)
 
     async def scenario() -> None:
         path.write_text(config_text(url="http://[::1/x"))
@@ -651,6 +643,20 @@ def test_a_directory_follows_kubelet_updates_of_a_projected_volume(
     ], "one timestamped directory left, the one ..data names"
 
 
+def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """The arguments of every load the watcher makes on its thread, from now on."""
+    import bridge.config.reload
+
+    loads: list[tuple[object, ...]] = []
+
+    def counting(*args: object) -> Config:
+        loads.append(args)
+        return load_config(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+    return loads
+
+
 def test_a_plain_directory_reloads_when_a_file_is_added_or_removed_and_only_then(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -658,15 +664,7 @@ def test_a_plain_directory_reloads_when_a_file_is_added_or_removed_and_only_then
     folder.mkdir()
     (folder / "a.yaml").write_text(VOLUME_BASE + volume_hooks("one"))
     recorder = Recorder(folder)
-    import bridge.config.reload
-
-    loads = []
-
-    def counting(*args: object) -> Config:
-        loads.append(args)
-        return load_config(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+    loads = count_loads(monkeypatch)
 
     async def scenario() -> None:
         await recorder.watcher.poll()
@@ -703,15 +701,7 @@ def test_fixing_a_file_added_with_a_mistake_is_seen_at_once(
     folder.mkdir()
     (folder / "a.yaml").write_text(VOLUME_BASE + volume_hooks("one"))
     recorder = Recorder(folder)
-    import bridge.config.reload
-
-    loads = []
-
-    def counting(*args: object) -> Config:
-        loads.append(args)
-        return load_config(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(bridge.config.reload, "load_config", counting)
+    loads = count_loads(monkeypatch)
 
     async def scenario() -> None:
         (folder / "b.yaml").write_text(volume_hooks("two").replace("acct_1", "''"))
