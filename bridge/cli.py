@@ -113,7 +113,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         clean = run_event_loop(_run_app(config, primer))
     except KafkaSecurityError as exc:  # logged as kafka.start_failed; no retry can mend it
-        raise CliError(str(exc), hint=SECURITY_HINT) from None
+        # Said here and ended at once: the Kafka clients' threads may still be inside
+        # librdkafka, and tearing them down at interpreter exit crashed the process (SIGSEGV).
+        print(f"error: {exc}\nhint: {SECURITY_HINT}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(EXIT_FAILED)
     if not clean:
         # A step of the shutdown was cut at the grace deadline (the broker unreachable, say):
         # its thread may still be blocked in librdkafka, and waiting for it at interpreter exit
