@@ -48,14 +48,14 @@ class Summarise(logging.Filter):
         self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (passed at, dropped since)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        librdkafka = record.name == LIBRDKAFKA.name and bool(record.args)
+        if librdkafka:
+            _as_event(record)  # (its fields are read after: the summary line keeps them)
         fields = getattr(record, "fields", {})
         event = record.getMessage()
-        if record.name == LIBRDKAFKA.name and record.args:
-            _as_event(record)
-            kind = _NUMBERS.sub("#", f"{record.name} {event} {sorted(fields.items())}")
-        elif event in PER_WEBHOOK_EVENTS:
+        if event in PER_WEBHOOK_EVENTS:
             kind = f"{event} {record.levelno} {fields.get('webhook')}"  # warnings apart
-        elif event in SUMMARISED_EVENTS:
+        elif librdkafka or event in SUMMARISED_EVENTS:
             kind = _NUMBERS.sub("#", f"{record.name} {event} {sorted(fields.items())}")
         else:
             return True

@@ -46,6 +46,8 @@ def test_librdkafka_messages_become_one_json_event_then_a_summary(
     assert first["facility"] == "FAIL" and first["client"] == "rdkafka#consumer-1"
     assert "Connection refused" in str(first["detail"]) and "repeated" not in first
     assert summary["repeated"] == 49
+    assert summary["event"] == "librdkafka.log" and summary["facility"] == "FAIL"
+    assert "Connection refused" in str(summary["detail"]), "the summary line keeps its fields"
 
 
 def test_kafka_errors_are_summarised_but_other_events_never_are(stream: io.StringIO) -> None:
