@@ -178,10 +178,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         metadata = probe_cluster({**config.kafka_settings(), "log_level": 0}, args.timeout)
     except KafkaSecurityError as exc:
-        raise CliError(
-            str(exc),
-            hint=SECURITY_HINT,
-        ) from exc
+        raise CliError(str(exc), hint=SECURITY_HINT) from exc
     except Exception as exc:
         raise CliError(
             f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",

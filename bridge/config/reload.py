@@ -421,9 +421,7 @@ class _IsolatedLoader:
         except KeyError:  # the digests did not describe the webhooks in force: forget them
             self._digests = None
             raise _internal(current.path, "reading", "WorkerOutOfStep") from None
-        kafka = dataclasses.replace(sections.kafka, properties=MappingProxyType(properties))
-        webhooks = tuple(by_id.values())
-        config: Config = dataclasses.replace(sections, kafka=kafka, webhooks=webhooks)
+        config = _assembled(sections, properties, tuple(by_id.values()))
         self._pending = (config, by_id, digests)
         await asyncio.sleep(0)  # the hand-over gets a turn of its own
         return config
@@ -512,9 +510,17 @@ def load_isolated_primed(
     webhooks = tuple(w for chunk in chunks for w in pickle.loads(chunk))
     if len(webhooks) != count or len(fresh) != count:
         return load_config(path, environ), None
+    return _assembled(sections, properties, webhooks), Primer(key, dict(fresh))
+
+
+def _assembled(
+    sections: Config, properties: dict[str, Any], webhooks: tuple[Webhook, ...]
+) -> Config:
+    """The configuration a child answered with (see :func:`answer`): its sections, its Kafka
+    properties (sent as a dict: a mapping proxy cannot be pickled) and the webhooks."""
     kafka = dataclasses.replace(sections.kafka, properties=MappingProxyType(properties))
     config: Config = dataclasses.replace(sections, kafka=kafka, webhooks=webhooks)
-    return config, Primer(key, dict(fresh))
+    return config
 
 
 def _start() -> subprocess.Popen[bytes]:

@@ -197,8 +197,7 @@ def _ids(delivery: PendingDelivery) -> dict[str, Any]:
 
 def _fields(delivery: PendingDelivery, outcome: Outcome) -> dict[str, Any]:
     return {
-        "webhook": delivery.webhook_id,
-        "message_id": delivery.message_id,
+        **_ids(delivery),
         "attempt": delivery.attempt,
         "status": outcome.status,
         "error": outcome.error or None,
