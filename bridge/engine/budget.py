@@ -89,12 +89,15 @@ class Lane:
 
     def _refill(self) -> float:
         now = time.monotonic()
-        if self.credit < UNANSWERED_BURST:
-            self.credit = min(
-                UNANSWERED_BURST, self.credit + (now - self.credit_at) * UNANSWERED_PER_S
-            )
+        self.credit = self._credit_by(now)
         self.credit_at = now
         return self.credit
+
+    def _credit_by(self, now: float) -> float:
+        """The credit at ``now``: refilled since ``credit_at``, up to the burst."""
+        if self.credit >= UNANSWERED_BURST:
+            return self.credit
+        return min(UNANSWERED_BURST, self.credit + (now - self.credit_at) * UNANSWERED_PER_S)
 
     async def enter(self) -> bool:
         """Take a slot for one attempt, waiting while the webhook keeps answering; False when the
@@ -215,10 +218,7 @@ class Lane:
     def snapshot(self) -> dict[str, int | float | bool]:
         """The lane's state now, for the operator's ``/status`` view; changes nothing (the credit
         is brought up to date in the copy only)."""
-        credit = self.credit
-        if credit < UNANSWERED_BURST:
-            elapsed = time.monotonic() - self.credit_at
-            credit = min(UNANSWERED_BURST, credit + elapsed * UNANSWERED_PER_S)
+        credit = self._credit_by(time.monotonic())
         return {
             "active": self.active,
             "limit": self.limit,
