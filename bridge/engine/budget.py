@@ -13,6 +13,14 @@ answers again flows at once as soon as it has one credit, while one that alterna
 silence cannot refill itself. With no credit left a delivery is parked like a stalled webhook's
 (no request made, no attempt used) until credit returns. A webhook with ordinary failures never
 meets the bound: the whole ladder of a burst of records fits in the credit.
+
+The same budget is held once more per account (:class:`AccountCredit`), spent by every
+unanswered attempt of any of its webhooks: an account cannot multiply what it may cost the others
+by configuring more webhooks that answer nothing (nine silent webhooks of one account, each with
+a budget of its own, made nine times the failed connections, delay-topic writes and parks, and
+held up the other accounts' deliveries for seconds: docs/PERFORMANCE.md). A webhook whose last
+attempt was answered is never refused for its account's credit, so an account's working webhooks
+keep flowing beside its silent ones; a webhook not yet answering needs both credits.
 """
 
 from __future__ import annotations
@@ -34,6 +42,38 @@ UNANSWERED_BURST = 100.0
 TURN_AWAY_INTERVAL_S = 0.01
 
 
+def refilled(credit: float, since: float, now: float) -> float:
+    """A credit of ``credit`` at ``since``, refilled at ``UNANSWERED_PER_S`` up to the burst."""
+    if credit >= UNANSWERED_BURST:
+        return credit
+    return min(UNANSWERED_BURST, credit + (now - since) * UNANSWERED_PER_S)
+
+
+class AccountCredit:
+    """The unanswered budget an account's webhooks spend together (see the module's text)."""
+
+    __slots__ = ("credit", "credit_at")
+
+    def __init__(self) -> None:
+        self.credit = UNANSWERED_BURST
+        self.credit_at = time.monotonic()
+
+    def level(self) -> float:
+        """The credit now, brought up to date."""
+        now = time.monotonic()
+        self.credit = refilled(self.credit, self.credit_at, now)
+        self.credit_at = now
+        return self.credit
+
+    def spend(self) -> None:
+        """One unanswered attempt (attempts under way when it ran out may take it below zero)."""
+        self.credit = max(-UNANSWERED_BURST, self.level() - 1.0)
+
+    def peek(self) -> float:
+        """The credit now, changing nothing (for the ``/status`` view)."""
+        return refilled(self.credit, self.credit_at, time.monotonic())
+
+
 class Lane:
     """A per-webhook concurrency limit that tells a busy webhook from a stalled one.
 
@@ -52,7 +92,9 @@ class Lane:
     """
 
     __slots__ = (
+        "account",
         "active",
+        "answering",
         "credit",
         "credit_at",
         "hurry",
@@ -65,11 +107,17 @@ class Lane:
     )
 
     def __init__(
-        self, limit: int, patience: float, hurry: Callable[[], bool] = lambda: False
+        self,
+        limit: int,
+        patience: float,
+        hurry: Callable[[], bool] = lambda: False,
+        account: AccountCredit | None = None,
     ) -> None:
         self.limit = limit
         self.patience = patience
         self.hurry = hurry  # true while waiters hold up others (the in-flight limit is reached)
+        self.account = account  # the budget shared with the account's other webhooks
+        self.answering = False  # the last attempt got an answer: the account's credit is moot
         self.active = 0
         self.credit = UNANSWERED_BURST  # unanswered attempts this webhook may still spend
         self.credit_at = time.monotonic()  # when ``credit`` was last brought up to date
@@ -84,20 +132,18 @@ class Lane:
         return self.out_of_credit() or (self.is_stalled and self.active >= self.limit)
 
     def out_of_credit(self) -> bool:
-        """Whether the webhook has spent its unanswered budget: its deliveries are parked."""
-        return self._refill() < 1.0
+        """Whether the webhook has spent its unanswered budget, or is not answering and its
+        account has spent the budget its webhooks share: its deliveries are parked."""
+        if self._refill() < 1.0:
+            return True
+        account = self.account
+        return not self.answering and account is not None and account.level() < 1.0
 
     def _refill(self) -> float:
         now = time.monotonic()
-        self.credit = self._credit_by(now)
+        self.credit = refilled(self.credit, self.credit_at, now)
         self.credit_at = now
         return self.credit
-
-    def _credit_by(self, now: float) -> float:
-        """The credit at ``now``: refilled since ``credit_at``, up to the burst."""
-        if self.credit >= UNANSWERED_BURST:
-            return self.credit
-        return min(UNANSWERED_BURST, self.credit + (now - self.credit_at) * UNANSWERED_PER_S)
 
     async def enter(self) -> bool:
         """Take a slot for one attempt, waiting while the webhook keeps answering; False when the
@@ -186,10 +232,14 @@ class Lane:
         if answered:
             self.last_answer = time.monotonic()
             self.is_stalled = False
+            self.answering = True
         else:  # attempts already under way when the credit ran out may take it below zero
-            had_credit = self._refill() >= 1.0
+            had_credit = not self.out_of_credit()
             self.credit = max(-UNANSWERED_BURST, self.credit - 1.0)
-            if had_credit and self.credit < 1.0 and self.waiters:  # spent now: nobody waits
+            self.answering = False
+            if self.account is not None:
+                self.account.spend()
+            if had_credit and self.out_of_credit() and self.waiters:  # spent: nobody waits
                 asyncio.get_running_loop().call_soon(self._turn_away)
         self._free_slot()
 
@@ -218,14 +268,16 @@ class Lane:
     def snapshot(self) -> dict[str, int | float | bool]:
         """The lane's state now, for the operator's ``/status`` view; changes nothing (the credit
         is brought up to date in the copy only)."""
-        credit = self._credit_by(time.monotonic())
+        credit = refilled(self.credit, self.credit_at, time.monotonic())
+        account = self.account.peek() if self.account is not None else UNANSWERED_BURST
         return {
             "active": self.active,
             "limit": self.limit,
             "waiting": sum(1 for waiter, _came in self.waiters if not waiter.done()),
             "stalled": self.is_stalled,
             "credit": round(credit, 1),
-            "out_of_credit": credit < 1.0,
+            "account_credit": round(account, 1),
+            "out_of_credit": credit < 1.0 or (not self.answering and account < 1.0),
         }
 
 
@@ -241,15 +293,26 @@ class Lanes(dict[str, Lane]):
         super().__init__()
         self.stall_patience = stall_patience
         self.hurry = hurry
+        self.accounts: dict[str, AccountCredit] = {}  # of the accounts that have had a lane
 
     def of(self, webhook: Webhook) -> Lane:
         """The webhook's lane, made now if it has none yet."""
         lane = self.get(webhook.id)
         if lane is None:
             lane = self[webhook.id] = Lane(
-                webhook.concurrency, self.patience(webhook), hurry=self.hurry
+                webhook.concurrency,
+                self.patience(webhook),
+                hurry=self.hurry,
+                account=self.account(webhook.account),
             )
         return lane
+
+    def account(self, account: str) -> AccountCredit:
+        """The unanswered budget of ``account``'s webhooks, made now if it has none yet."""
+        credit = self.accounts.get(account)
+        if credit is None:
+            credit = self.accounts[account] = AccountCredit()
+        return credit
 
     def patience(self, webhook: Webhook) -> float:
         """How long a full lane of ``webhook`` may go without an answer before it is stalled."""
@@ -268,6 +331,7 @@ class Lanes(dict[str, Lane]):
             if webhook is not None:
                 lane.limit = webhook.concurrency
                 lane.patience = self.patience(webhook)
+                lane.account = self.account(webhook.account)
 
     def shed_waiters(self) -> None:
         """At the in-flight limit: park the deliveries that waited a lane's patience or more for
@@ -284,7 +348,11 @@ class Lanes(dict[str, Lane]):
         rows: list[dict[str, Any]] = []
         for webhook_id, lane in self.items():
             if webhook_id not in failing and not (
-                lane.active or lane.waiters or lane.is_stalled or lane.credit < 1.0
+                lane.active
+                or lane.waiters
+                or lane.is_stalled
+                or lane.credit < 1.0
+                or lane_gated(lane)
             ):
                 continue  # idle, at a glance (the snapshot below decides for the others)
             state = lane.snapshot()
@@ -295,3 +363,8 @@ class Lanes(dict[str, Lane]):
         for webhook_id in failing.keys() - self.keys():  # failing, no lane: no detail
             rows.append({"id": webhook_id, "failing_since": failing[webhook_id]})
         return rows
+
+
+def lane_gated(lane: Lane) -> bool:
+    """Whether the lane's account credit, last seen, refuses it (a glance: nothing refilled)."""
+    return not lane.answering and lane.account is not None and lane.account.credit < 1.0

@@ -19,7 +19,9 @@ from bridge.engine.budget import (
     TURN_AWAY_INTERVAL_S,
     UNANSWERED_BURST,
     UNANSWERED_PER_S,
+    AccountCredit,
     Lane,
+    Lanes,
 )
 from bridge.http.sender import DeliveryRequest, Outcome, build_request
 
@@ -218,6 +220,74 @@ def test_answers_spend_no_credit_and_cannot_refill_it(monkeypatch: pytest.Monkey
         let_in += asyncio.run(answered(lane, 1))
         let_in += sum(_unanswered_attempts(lane, 1))
     assert let_in == 2  # the answer and the silence that spent the last credit
+
+
+def test_an_account_cannot_multiply_its_budget_with_more_silent_webhooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """However many webhooks of one account answer nothing, together they spend one burst and
+    one refill; another account's budget is untouched."""
+    clock = FakeClock()
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
+    lanes = Lanes(0.5, hurry=lambda: False)
+    silent = [lanes.of(_webhook(f"silent-{n}", "acct_many")) for n in range(9)]
+    burst = int(UNANSWERED_BURST)
+    let_in = [sum(_unanswered_attempts(lane, burst)) for lane in silent]
+    assert sum(let_in) == burst and let_in[0] == burst  # the first spent it all
+    clock.now += 1.0
+    let_in = [sum(_unanswered_attempts(lane, burst)) for lane in silent]
+    assert sum(let_in) == int(UNANSWERED_PER_S)
+    other = lanes.of(_webhook("other", "acct_other"))
+    assert sum(_unanswered_attempts(other, burst)) == burst
+
+
+def test_an_answering_webhook_is_not_refused_for_its_accounts_spent_credit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a webhook answers, its account's credit no longer applies to it (its own still
+    does); a webhook that has not answered yet needs the account's credit too."""
+    clock = FakeClock()
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
+    account = AccountCredit()
+    working, silent, fresh = (Lane(4, 5, account=account) for _ in range(3))
+
+    async def answer_once(lane: Lane) -> bool:
+        if not await lane.enter():
+            return False
+        lane.release(answered=True)
+        return True
+
+    assert asyncio.run(answer_once(working))
+    _unanswered_attempts(silent, int(UNANSWERED_BURST))
+    assert account.level() < 1.0 and silent.out_of_credit()
+    assert not working.out_of_credit() and asyncio.run(answer_once(working))
+    assert fresh.out_of_credit(), "not answering yet: the account's spent credit refuses it"
+    assert working.snapshot()["account_credit"] < 1.0 and not working.snapshot()["out_of_credit"]
+    assert fresh.snapshot()["out_of_credit"]
+    _unanswered_attempts(working, 1)  # silent now: the account's credit applies again
+    assert working.out_of_credit()
+    clock.now += 2 / UNANSWERED_PER_S  # the account's debt of one, then a credit
+    assert not fresh.out_of_credit()
+
+
+def test_a_webhook_moved_to_another_account_spends_that_accounts_credit() -> None:
+    lanes = Lanes(0.5, hurry=lambda: False)
+    lane = lanes.of(_webhook("moving", "acct_a"))
+    assert lane.account is lanes.account("acct_a")
+    moved = _webhook("moving", "acct_b")
+    lanes.reconfigure(SimpleNamespace(get={"moving": moved}.get))  # type: ignore[arg-type]
+    assert lane.account is lanes.account("acct_b")
+
+
+def _webhook(webhook_id: str, account: str) -> Webhook:
+    return Webhook(
+        id=webhook_id,
+        account=account,
+        url="https://example.com/hooks",
+        events=frozenset({"transaction.success"}),
+        secret=Secret(b"s3cret"),
+        concurrency=4,
+    )
 
 
 def test_attempts_under_way_when_credit_runs_out_leave_a_bounded_debt(

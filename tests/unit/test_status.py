@@ -103,6 +103,7 @@ def test_the_view_lists_the_webhooks_that_need_attention_most_pressing_first() -
         "waiting": 3,
         "stalled": False,
         "credit": UNANSWERED_BURST,
+        "account_credit": UNANSWERED_BURST,
         "out_of_credit": False,
     }
     assert rows["hook-00004"]["out_of_credit"] is True and rows["hook-00004"]["credit"] < 1.0
