@@ -1,8 +1,9 @@
 """``python -m devtools``: the development tools' command line (not part of the product).
 
 ``demo`` (broker, bridge, sample receiver and producer together), ``bench`` (the benchmark, with
-its own options: ``python -m devtools bench --help``), ``receive`` (the sample receiver) and
-``produce`` (the sample producer). Exit codes as ``bridge``'s: 0 success, 1 failure, 2 bad usage.
+its own options: ``python -m devtools bench --help``), ``receive`` (the sample receiver),
+``produce`` (the sample producer) and ``config-reference`` (the README's configuration reference,
+``--write`` to update it). Exit codes as ``bridge``'s: 0 success, 1 failure, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ def cmd_bench(_args: argparse.Namespace) -> int:
     return bench_main([])
 
 
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    """Print the README's configuration reference, or write it into README.md."""
+    from devtools.config_reference import main as config_reference_main
+
+    return config_reference_main(args.write)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every development command."""
     parser = argparse.ArgumentParser(
@@ -169,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--count", type=int, default=30, help="transactions to produce (30)")
     demo.add_argument("--rate", type=float, default=10.0, help="transactions per second (10)")
     demo.set_defaults(func=cmd_demo)
+
+    reference = sub.add_parser(
+        "config-reference",
+        help="the README's configuration reference, from the key declarations",
+    )
+    reference.add_argument(
+        "--write", action="store_true", help="write it into README.md instead of printing it"
+    )
+    reference.set_defaults(func=cmd_config_reference)
 
     bench = sub.add_parser(
         "bench",

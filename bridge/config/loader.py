@@ -30,7 +30,9 @@ about ten times faster than PyYAML's pure-Python composer; a document libyaml mi
 (tabs, tags, block scalars...), refuses, or nests near the limit is composed again by the pure
 loader, whose messages are the ones reported, so the result never depends on which one ran.
 
-Defaults live in the dataclasses below; a key that is absent or ``null`` takes its default.
+Every key is declared once, on a field of the settings dataclasses (:mod:`bridge.core.keys`): its
+kind and limits, its default, its help. The loader builds its tables from those declarations at
+import, one converter per key; a key that is absent or ``null`` takes its default.
 Relative paths in the file (``schemas.directory``, ``*_file`` secrets) resolve against the current
 working directory, in a directory's files too (not against the file's own directory: the same
 text means the same file wherever it is kept).
@@ -50,10 +52,10 @@ import re
 import threading
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, assert_never
 
 import yaml
 from yaml.constructor import SafeConstructor
@@ -62,6 +64,28 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from bridge.config.directory import config_files, listing_digest
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError
+from bridge.core.keys import (
+    Boolean,
+    Choice,
+    DirectoryPath,
+    Events,
+    FilePath,
+    Integer,
+    LeafKind,
+    Nested,
+    Networks,
+    Properties,
+    Seconds,
+    SecretText,
+    Text,
+    TopicName,
+    Url,
+    Username,
+    WebhookId,
+    inputs,
+    key_of,
+    sections,
+)
 from bridge.core.settings import (
     KAFKA_ENVIRONMENT,
     Config,
@@ -263,8 +287,6 @@ class _Invalid(Exception):
 
 Converter: TypeAlias = Callable[[Any], Any]
 
-_SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
 _PASSWORD_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # librdkafka keys that have their own field; setting them in ``kafka.properties`` is refused.
 _KAFKA_FIELD_KEYS: Final = {
@@ -530,94 +552,73 @@ class _Field:
     node: bool = False  # keep the YAML node itself: the loader reads it entry by entry
 
 
-_TLS_FIELDS: Final = {
-    "tls_ca_file": _Field(_file_path),
-    "tls_client_cert_file": _Field(_file_path),
-    "tls_client_key_file": _Field(_file_path),
-    "tls_min_version": _Field(_choice("TLSv1.2", "TLSv1.3")),
-}
-"""Receiver TLS, in ``delivery`` (the default) and in each webhook (its own, key by key)."""
+def _converter(kind: LeafKind) -> Converter:
+    """The converter that validates a value of ``kind`` (built once per key, at import)."""
+    match kind:
+        case Text() | SecretText():
+            return _text
+        case FilePath():
+            return _file_path
+        case DirectoryPath():
+            return _path
+        case Integer(low, high):
+            return _integer(low, high)
+        case Seconds(low, high):
+            return _seconds(low, high)
+        case Boolean():
+            return _boolean
+        case Choice(values, fold):
+            return _choice(*values, fold=fold or str)
+        case TopicName():
+            return _topic
+        case Url(basic_auth):
+            return _url(_REGISTRY_USERINFO if basic_auth else _WEBHOOK_USERINFO)
+        case Username():
+            return _username
+        case WebhookId():
+            return _webhook_id
+        case Events():
+            return _events
+        case Networks():
+            return _networks
+        case Properties():
+            return _node
+    assert_never(kind)
 
-_SECTIONS: Final[dict[str, dict[str, _Field]]] = {
-    "kafka": {
-        "bootstrap_servers": _Field(_text),
-        "group_id": _Field(_text),
-        "client_id": _Field(_text),
-        "security_protocol": _Field(_choice(*_SECURITY_PROTOCOLS, fold=str.upper)),
-        "sasl_mechanism": _Field(_choice(*_SASL_MECHANISMS, fold=str.upper)),
-        "sasl_username": _Field(_text),
-        "sasl_password": _Field(_text),
-        "sasl_password_file": _Field(_file_path),
-        "properties": _Field(_node, node=True),
-    },
-    "schemas": {
-        "mode": _Field(_choice("embedded", "registry")),
-        "directory": _Field(_path),
-        "registry_url": _Field(_url(_REGISTRY_USERINFO)),
-        "registry_username": _Field(_username),
-        "registry_password": _Field(_text),
-        "registry_password_file": _Field(_file_path),
-        "max_record_bytes": _Field(_integer(1, 1 << 30)),
-    },
-    "topics": {
-        "source": _Field(_topic),
-        "retry_prefix": _Field(_topic),
-        "parked": _Field(_topic),
-        "dead_letter": _Field(_topic),
-        "partitions": _Field(_integer(1, 10_000)),
-        "replication_factor": _Field(_integer(1, 100)),
-    },
-    "retry": {
-        "attempts": _Field(_integer(1, 20)),
-        "first_delay_ms": _Field(_integer(0, 86_400_000)),
-        "increment_ms": _Field(_integer(0, 86_400_000)),
-        "park_delay_ms": _Field(_integer(1, 86_400_000)),
-        "max_parks": _Field(_integer(1, 10_000)),
-    },
-    "delivery": {
-        "timeout_seconds": _Field(_seconds(0, 300)),
-        "connect_timeout_seconds": _Field(_seconds(0, 300)),
-        "concurrency_per_webhook": _Field(_integer(1, 10_000)),
-        "max_in_flight": _Field(_integer(1, 1_000_000)),
-        "response_body_limit_bytes": _Field(_integer(0, 10_485_760)),
-        "allow_private_networks": _Field(_boolean),
-        "allowed_networks": _Field(_networks),
-        "shutdown_grace_seconds": _Field(_seconds(0, 3600)),
-        **_TLS_FIELDS,
-    },
-    "metrics": {
-        "host": _Field(_text),
-        "port": _Field(_integer(0, 65_535)),
-        "enabled": _Field(_boolean),
-        "webhook_series": _Field(_integer(0, 1000)),
-    },
-    "logging": {
-        "format": _Field(_choice("json", "text")),
-        "level": _Field(_choice("debug", "info", "warning", "error", "critical", fold=str.lower)),
-    },
+
+def _spec(declared: type[Any]) -> dict[str, _Field]:
+    """The keys of a mapping, from the fields of the dataclass ``declared`` in their order (see
+    :func:`bridge.core.keys.inputs`). A field without a default is required, but for a secret:
+    either of its keys will do, which :meth:`_Loader.secret` checks."""
+    spec = {}
+    for each in fields(declared):
+        required = (
+            each.default is MISSING
+            and each.default_factory is MISSING
+            and not isinstance(key_of(each).kind, SecretText)
+        )
+        for name, kind in inputs(each):
+            spec[name] = _Field(
+                _converter(kind), required=required, node=isinstance(kind, Properties)
+            )
+    return spec
+
+
+_SECTIONS: Final = {
+    name: _spec(declared) for name, declared in sections(Config).items() if declared is not Webhook
 }
-_TOP_LEVEL: Final = (*_SECTIONS, "webhooks")
-_SECRET_NAMES: Final = (
-    "secret",
-    "previous_secret",
-    "standard_webhooks_secret",
-    "previous_standard_webhooks_secret",
+_TOP_LEVEL: Final = tuple(sections(Config))
+_WEBHOOK_FIELDS: Final = _spec(Webhook)
+_SECRET_NAMES: Final = tuple(
+    each.name for each in fields(Webhook) if isinstance(key_of(each).kind, SecretText)
 )
-_WEBHOOK_FIELDS: Final = {
-    "id": _Field(_webhook_id, required=True),
-    "account": _Field(_text, required=True),
-    "url": _Field(_url(_WEBHOOK_USERINFO), required=True),
-    "events": _Field(_events, required=True),
-    **{name: _Field(_text) for name in _SECRET_NAMES[:2]},
-    **{f"{name}_file": _Field(_file_path) for name in _SECRET_NAMES[:2]},
-    "signature": _Field(_choice("hmac-sha256", "secret")),
-    "enabled": _Field(_boolean),
-    "timeout_seconds": _Field(_seconds(0, 300)),
-    "concurrency": _Field(_integer(1, 10_000)),
-    **{name: _Field(_text) for name in _SECRET_NAMES[2:]},
-    **{f"{name}_file": _Field(_file_path) for name in _SECRET_NAMES[2:]},
-    **_TLS_FIELDS,
-}
+_TLS_FIELDS: Final = frozenset(
+    name
+    for each in fields(Webhook)
+    if isinstance(key_of(each).kind, Nested)
+    for name, _ in inputs(each)
+)
+"""Receiver TLS, in ``delivery`` (the default) and in each webhook (its own, key by key)."""
 
 Where: TypeAlias = Callable[[str], str]
 """Names a field for a message: ``field 'retry.attempts'`` or ``webhook 'x': field 'url'``."""

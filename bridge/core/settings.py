@@ -1,16 +1,36 @@
 """The typed, frozen configuration: one dataclass per section, validated once by
-:mod:`bridge.config.loader` and immutable afterwards."""
+:mod:`bridge.config.loader` and immutable afterwards. Each field declares its key of the file:
+kind, limits, default and help (:mod:`bridge.core.keys`)."""
 
 from __future__ import annotations
 
 import hashlib
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, get_args
 
+from bridge.core.keys import (
+    Boolean,
+    Choice,
+    DirectoryPath,
+    Integer,
+    Nested,
+    Networks,
+    Properties,
+    Seconds,
+    SecretText,
+    Text,
+    TopicName,
+    Url,
+    Username,
+    alternatives,
+    declare,
+    key_of,
+    section,
+)
 from bridge.core.webhook import (
     DEFAULT_CONCURRENCY_PER_WEBHOOK,
     DEFAULT_TIMEOUT_SECONDS,
@@ -21,16 +41,15 @@ from bridge.core.webhook import (
 
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+SchemaMode: TypeAlias = Literal["embedded", "registry"]
 
-KAFKA_ENVIRONMENT: Final = {
-    "KAFKA_BOOTSTRAP_SERVERS": "bootstrap_servers",
-    "KAFKA_SECURITY_PROTOCOL": "security_protocol",
-    "KAFKA_SASL_MECHANISM": "sasl_mechanism",
-    "KAFKA_SASL_USERNAME": "sasl_username",
-    "KAFKA_SASL_PASSWORD": "sasl_password",
-    "KAFKA_GROUP_ID": "group_id",
-}
-"""Environment variables that override the Kafka settings of the file (when set and not empty)."""
+LogFormat: TypeAlias = Literal["json", "text"]
+
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
 
 KAFKA_CREDENTIAL_WORDS: Final = ("password", "passphrase", "secret", "jaas")
@@ -60,31 +79,135 @@ def is_kafka_credential(name: str) -> bool:
     )
 
 
+_PROPERTIES_HELP: Final = (
+    "Passed through to the consumer, the producer and the admin client, e.g. "
+    '`ssl.ca.location: /etc/ssl/certs/ca-certificates.crt`. `"${ENV_VAR}"` reads the variable '
+    "(unset or empty is an error naming the property); `{file: PATH}` reads the file (one "
+    "trailing newline ignored, at most 1 MiB, watched like secret files). A value read from the "
+    "environment or a file is kept masked like a credential, whatever the property. Credentials "
+    f"(names containing {alternatives(KAFKA_CREDENTIAL_WORDS)}, and "
+    f"{', '.join(f'`{name}`' for name in sorted(KAFKA_CREDENTIAL_PROPERTIES))}) must be strings "
+    "and never appear in logs, reprs or error messages. Keys that have a field above "
+    "(`bootstrap.servers`, `group.id`, `client.id`, `security.protocol`, `sasl.mechanism(s)`, "
+    "`sasl.username`, `sasl.password`) are refused. The consumer's `statistics.interval.ms` is "
+    "always 5000 (it feeds the lag metrics)."
+)
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaConfig:
     """Connection to the Kafka cluster (environment variables may override it)."""
 
-    bootstrap_servers: str = "localhost:9092"
-    group_id: str = "transaction-webhook-bridge"
-    client_id: str = "transaction-webhook-bridge"
-    security_protocol: str | None = None
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password: Secret | None = None
-    properties: Mapping[str, str | Secret] = field(default_factory=lambda: MappingProxyType({}))
+    bootstrap_servers: str = field(
+        default="localhost:9092",
+        metadata=declare(
+            Text(), "Comma-separated `host:port` list.", env="KAFKA_BOOTSTRAP_SERVERS"
+        ),
+    )
+    group_id: str = field(
+        default="transaction-webhook-bridge",
+        metadata=declare(Text(), "Consumer group shared by every replica.", env="KAFKA_GROUP_ID"),
+    )
+    client_id: str = field(
+        default="transaction-webhook-bridge",
+        metadata=declare(Text(), "Client id shown in broker logs and quotas."),
+    )
+    security_protocol: str | None = field(
+        default=None,
+        metadata=declare(
+            Choice(SECURITY_PROTOCOLS, fold=str.upper),
+            "Plain text or TLS, with or without SASL.",
+            default_text="`null` (PLAINTEXT)",
+            env="KAFKA_SECURITY_PROTOCOL",
+        ),
+    )
+    sasl_mechanism: str | None = field(
+        default=None,
+        metadata=declare(
+            Choice(SASL_MECHANISMS, fold=str.upper),
+            "With a `SASL_*` protocol, `null` means `PLAIN` (passed to librdkafka explicitly, "
+            "since its own default is `GSSAPI`).",
+            env="KAFKA_SASL_MECHANISM",
+        ),
+    )
+    sasl_username: str | None = field(
+        default=None,
+        metadata=declare(Text(), "SASL user name.", env="KAFKA_SASL_USERNAME"),
+    )
+    sasl_password: Secret | None = field(
+        default=None,
+        metadata=declare(
+            SecretText(
+                file_help="File holding the password (one trailing newline ignored). "
+                "Exclusive with `sasl_password`; `KAFKA_SASL_PASSWORD` wins over both."
+            ),
+            "SASL password.",
+            env="KAFKA_SASL_PASSWORD",
+        ),
+    )
+    properties: Mapping[str, str | Secret] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata=declare(Properties(), _PROPERTIES_HELP),
+    )
     """Extra librdkafka properties; credentials (:func:`is_kafka_credential`) as Secrets."""
+
+
+KAFKA_ENVIRONMENT: Final = {
+    env: each.name for each in fields(KafkaConfig) if (env := key_of(each).env) is not None
+}
+"""Environment variables that override the Kafka settings of the file (when set and not empty)."""
 
 
 @dataclass(frozen=True, slots=True)
 class SchemasConfig:
     """Where writer schemas come from: the ``schemas/`` directory or a schema registry."""
 
-    mode: Literal["embedded", "registry"] = "embedded"
-    directory: Path = Path("schemas")
-    registry_url: str | None = None
-    max_record_bytes: int = 1_048_576
-    registry_username: str | None = None
-    registry_password: Secret | None = None
+    mode: SchemaMode = field(
+        default="embedded",
+        metadata=declare(
+            Choice(get_args(SchemaMode)),
+            "`embedded`: no registry; records are plain Avro binary or Avro single-object "
+            "encoding, read with the `.avsc` files. `registry`: records are Confluent wire "
+            "format (single-object also accepted); writer schemas are fetched from "
+            "`registry_url` by id and cached.",
+        ),
+    )
+    directory: Path = field(
+        default=Path("schemas"),
+        metadata=declare(
+            DirectoryPath(),
+            "Directory of the `.avsc` files; the reader schema is `transaction_outcome.avsc`.",
+        ),
+    )
+    registry_url: str | None = field(
+        default=None,
+        metadata=declare(
+            Url(basic_auth=True),
+            "Confluent-compatible schema registry; required in `registry` mode. Credentials go "
+            "in the keys below, never in the URL; errors name the registry without query "
+            "string.",
+        ),
+    )
+    max_record_bytes: int = field(
+        default=1_048_576,
+        metadata=declare(
+            Integer(1, 1 << 30),
+            "Larger record values are dead-lettered without decoding (reason `oversized`).",
+        ),
+    )
+    registry_username: str | None = field(
+        default=None,
+        metadata=declare(
+            Username(), "HTTP basic authentication user; set together with a password."
+        ),
+    )
+    registry_password: Secret | None = field(
+        default=None,
+        metadata=declare(
+            SecretText(file_help="File holding the password (one trailing newline ignored)."),
+            "Its password. Exactly one of `registry_password`, `registry_password_file`.",
+        ),
+    )
     """HTTP basic authentication to the registry (both or neither; never in ``registry_url``)."""
 
 
@@ -93,61 +216,221 @@ class TopicsConfig:
     """Source, retry-ladder, parking and dead-letter topics; the loader derives the others from
     source."""
 
-    source: str = "transactions.outcomes"
-    retry_prefix: str = "transactions.outcomes.retry"
-    parked: str = "transactions.outcomes.parked"
-    dead_letter: str = "transactions.outcomes.dlq"
-    partitions: int = 6
-    replication_factor: int = 1
+    source: str = field(
+        default="transactions.outcomes",
+        metadata=declare(TopicName(), "Topic of transaction outcomes."),
+    )
+    retry_prefix: str = field(
+        default="transactions.outcomes.retry",
+        metadata=declare(
+            TopicName(),
+            "Rung *n* of the ladder is `<retry_prefix>.<n>`.",
+            default_text="`<source>.retry`",
+        ),
+    )
+    parked: str = field(
+        default="transactions.outcomes.parked",
+        metadata=declare(
+            TopicName(),
+            "Where deliveries to a stalled webhook wait (`retry.park_delay_ms`).",
+            default_text="`<source>.parked`",
+        ),
+    )
+    dead_letter: str = field(
+        default="transactions.outcomes.dlq",
+        metadata=declare(TopicName(), "Dead-letter topic.", default_text="`<source>.dlq`"),
+    )
+    partitions: int = field(
+        default=6,
+        metadata=declare(Integer(1, 10_000), "Partitions of every topic `bridge topics` creates."),
+    )
+    replication_factor: int = field(
+        default=1,
+        metadata=declare(
+            Integer(1, 100),
+            "Replication of every topic `bridge topics` creates (`min.insync.replicas` = "
+            "min(2, this)).",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class RetryConfig:
     """The retry ladder: ``attempts`` retries after attempt 0, delays first, first + increment..."""
 
-    attempts: int = 5
-    first_delay_ms: int = 500
-    increment_ms: int = 500
-    park_delay_ms: int = 30_000
-    max_parks: int = 20
+    attempts: int = field(
+        default=5,
+        metadata=declare(
+            Integer(1, 20),
+            "Retries after the first delivery (attempt 0): at most `attempts + 1` requests. One "
+            "delay topic per retry.",
+        ),
+    )
+    first_delay_ms: int = field(
+        default=500,
+        metadata=declare(
+            Integer(0, 86_400_000),
+            "Wait before retry 1. Also the least time a webhook with every slot taken may go "
+            "without answering before it counts as stalled (otherwise half its timeout).",
+        ),
+    )
+    increment_ms: int = field(
+        default=500,
+        metadata=declare(
+            Integer(0, 86_400_000),
+            "Added for each further retry: retry *n* waits `first_delay_ms + (n - 1) * "
+            "increment_ms` (0.5, 1.0, 1.5, 2.0, 2.5 s by default).",
+        ),
+    )
+    park_delay_ms: int = field(
+        default=30_000,
+        metadata=declare(
+            Integer(1, 86_400_000),
+            "How long a delivery to a stalled webhook waits in the parking topic before it is "
+            "tried again (no attempt used). One pass per park delay, not per rung: a stalled "
+            "webhook costs little Kafka traffic and CPU.",
+        ),
+    )
+    max_parks: int = field(
+        default=20,
+        metadata=declare(
+            Integer(1, 10_000),
+            "Parks after which a delivery is dead-lettered (reason `webhook_stalled`); 20 parks "
+            "of 30 s are 10 minutes.",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class DeliveryConfig:
     """HTTP delivery limits and outbound address policy."""
 
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    connect_timeout_seconds: float = 3.0
-    concurrency_per_webhook: int = DEFAULT_CONCURRENCY_PER_WEBHOOK
-    max_in_flight: int = 1000
-    response_body_limit_bytes: int = 4096
-    allow_private_networks: bool = False
-    allowed_networks: tuple[IPNetwork, ...] = ()
-    shutdown_grace_seconds: float = 20.0
-    tls: TlsSettings = field(default_factory=TlsSettings)  # the default of each webhook's own
+    timeout_seconds: float = field(
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metadata=declare(
+            Seconds(0, 300),
+            "Total time for one request (connect, send, status, reading the capped body). "
+            "Default of each webhook's `timeout_seconds`.",
+        ),
+    )
+    connect_timeout_seconds: float = field(
+        default=3.0,
+        metadata=declare(
+            Seconds(0, 300), "Time to connect (TCP and TLS), capped at the request's total."
+        ),
+    )
+    concurrency_per_webhook: int = field(
+        default=DEFAULT_CONCURRENCY_PER_WEBHOOK,
+        metadata=declare(
+            Integer(1, 10_000),
+            "Requests in flight at once per webhook, per replica. Default of each webhook's "
+            "`concurrency`.",
+        ),
+    )
+    max_in_flight: int = field(
+        default=1000,
+        metadata=declare(
+            Integer(1, 1_000_000),
+            "Deliveries in flight per replica, counted per delivery (a record with ten matching "
+            "webhooks takes ten); at the limit no record is taken until 75 % of it.",
+        ),
+    )
+    response_body_limit_bytes: int = field(
+        default=4096,
+        metadata=declare(
+            Integer(0, 10_485_760),
+            "At most this many bytes of a response body are read, then discarded (the "
+            "connection is closed if more would follow).",
+        ),
+    )
+    allow_private_networks: bool = field(
+        default=False,
+        metadata=declare(
+            Boolean(),
+            "Allow non-public destinations (development, tests). Cloud metadata addresses stay "
+            "refused.",
+        ),
+    )
+    allowed_networks: tuple[IPNetwork, ...] = field(
+        default=(),
+        metadata=declare(
+            Networks(),
+            "Networks allowed even though not public, e.g. an internal receiver "
+            "`10.20.0.0/16`; listing a metadata address allows it.",
+        ),
+    )
+    shutdown_grace_seconds: float = field(
+        default=20.0,
+        metadata=declare(
+            Seconds(0, 3600),
+            "On SIGTERM, the whole shutdown's time: in-flight deliveries get 70 % of it, then "
+            "the rest are handed to the first delay topic, the offsets committed, the group left "
+            "and the producer flushed; what is still unsettled at the end is left for "
+            "redelivery.",
+        ),
+    )
+    tls: TlsSettings = field(
+        default_factory=TlsSettings,
+        metadata=declare(
+            Nested(TlsSettings, prefix="tls_", own_rows=True), "Default of each webhook's own."
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     """Address of the HTTP server for ``/metrics``, ``/healthz`` and ``/readyz``."""
 
-    host: str = "0.0.0.0"
-    port: int = 9464
-    enabled: bool = True
-    webhook_series: int = 10  # webhooks with series of their own (the rest count as "(other)")
+    host: str = field(
+        default="0.0.0.0",
+        metadata=declare(
+            Text(),
+            "Address of the operator port (`/metrics`, `/healthz`, `/readyz`, `/status`).",
+        ),
+    )
+    port: int = field(default=9464, metadata=declare(Integer(0, 65_535), "Its port."))
+    enabled: bool = field(
+        default=True,
+        metadata=declare(
+            Boolean(),
+            "`false` records nothing but `bridge_build_info` (to measure what metrics cost); "
+            "the three endpoints are served either way.",
+        ),
+    )
+    webhook_series: int = field(
+        default=10,
+        metadata=declare(
+            Integer(0, 1000),
+            "Webhooks with series of their own (failing ones first); the others count under "
+            '`webhook="(other)"`. Read at start.',
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class LoggingConfig:
     """Log format (``json`` or ``text``) and level (lowercase)."""
 
-    format: Literal["json", "text"] = "json"
-    level: str = "info"
+    format: LogFormat = field(
+        default="json",
+        metadata=declare(
+            Choice(get_args(LogFormat)),
+            "One JSON object per line, or a readable line for a terminal.",
+        ),
+    )
+    level: str = field(
+        default="info",
+        metadata=declare(
+            Choice(LOG_LEVELS, fold=str.lower),
+            "`debug` adds one `delivery.received` line per 2xx.",
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The whole validated configuration.
+    """The whole validated configuration; the fields with :func:`~bridge.core.keys.section`
+    metadata are the sections of the file, in order.
 
     ``sources`` lists every file that was read (the YAML file first, then secret files) with the
     SHA-256 of the bytes read, so that a watcher can tell when any of them changes. For a
@@ -156,14 +439,14 @@ class Config:
     """
 
     path: Path
-    kafka: KafkaConfig = KafkaConfig()
-    schemas: SchemasConfig = SchemasConfig()
-    topics: TopicsConfig = TopicsConfig()
-    retry: RetryConfig = RetryConfig()
-    delivery: DeliveryConfig = DeliveryConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    logging: LoggingConfig = LoggingConfig()
-    webhooks: tuple[Webhook, ...] = ()
+    kafka: KafkaConfig = field(default=KafkaConfig(), metadata=section(KafkaConfig))
+    schemas: SchemasConfig = field(default=SchemasConfig(), metadata=section(SchemasConfig))
+    topics: TopicsConfig = field(default=TopicsConfig(), metadata=section(TopicsConfig))
+    retry: RetryConfig = field(default=RetryConfig(), metadata=section(RetryConfig))
+    delivery: DeliveryConfig = field(default=DeliveryConfig(), metadata=section(DeliveryConfig))
+    metrics: MetricsConfig = field(default=MetricsConfig(), metadata=section(MetricsConfig))
+    logging: LoggingConfig = field(default=LoggingConfig(), metadata=section(LoggingConfig))
+    webhooks: tuple[Webhook, ...] = field(default=(), metadata=section(Webhook))
     sources: tuple[tuple[Path, str], ...] = ()
 
     @property

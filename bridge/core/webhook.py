@@ -1,10 +1,27 @@
 """The webhook subscription: the domain type that the configuration, signing and delivery share, and
-the Secret wrapper that keeps secrets out of reprs, logs and messages."""
+the Secret wrapper that keeps secrets out of reprs, logs and messages. The fields of
+:class:`Webhook` and :class:`TlsSettings` declare the keys of a webhook in the configuration file
+(:mod:`bridge.core.keys`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, TypeAlias
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias, get_args
+
+from bridge.core.keys import (
+    Boolean,
+    Choice,
+    Events,
+    FilePath,
+    Integer,
+    Nested,
+    Seconds,
+    SecretText,
+    Text,
+    Url,
+    WebhookId,
+    declare,
+)
 
 EVENTS: Final = ("transaction.success", "transaction.failed")
 """The events a webhook can choose, as they appear in the notification's ``event`` field."""
@@ -60,10 +77,32 @@ class TlsSettings:
     (for receivers behind a private CA), a client certificate and key (receivers that require
     mutual TLS; the key unencrypted), and the least TLS version accepted."""
 
-    ca_file: str | None = None
-    client_cert_file: str | None = None
-    client_key_file: str | None = None
-    min_version: TlsVersion = "TLSv1.2"
+    ca_file: str | None = field(
+        default=None,
+        metadata=declare(
+            FilePath(),
+            "A PEM file of CA certificates **added** to the system store, for receivers behind "
+            "a private CA.",
+        ),
+    )
+    client_cert_file: str | None = field(
+        default=None,
+        metadata=declare(
+            FilePath(),
+            "Client certificate, for receivers that require mutual TLS; set together with "
+            "`tls_client_key_file`.",
+        ),
+    )
+    client_key_file: str | None = field(
+        default=None,
+        metadata=declare(
+            FilePath(), "Its (unencrypted) key; set together with `tls_client_cert_file`."
+        ),
+    )
+    min_version: TlsVersion = field(
+        default="TLSv1.2",
+        metadata=declare(Choice(get_args(TlsVersion)), "The least TLS version accepted."),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +118,105 @@ class Webhook:
     requires a separate ``standard_webhooks_secret``.
     """
 
-    id: str
-    account: str
-    url: str
-    events: frozenset[str]
-    secret: Secret
-    previous_secret: Secret | None = None
-    signature: SignatureScheme = DEFAULT_SIGNATURE
-    enabled: bool = True
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    concurrency: int = DEFAULT_CONCURRENCY_PER_WEBHOOK
-    standard_webhooks_secret: Secret | None = None
-    previous_standard_webhooks_secret: Secret | None = None
-    tls: TlsSettings = TlsSettings()
+    id: str = field(
+        metadata=declare(
+            WebhookId(),
+            "Used in metrics, logs, dead letters and `webhook-id`. Keep it stable: changing it "
+            "changes `webhook-id`.",
+        )
+    )
+    account: str = field(
+        metadata=declare(Text(), "The account holder (the record's `accountHolderId`).")
+    )
+    url: str = field(
+        metadata=declare(
+            Url(),
+            "The receiving page. No `user:password@`, no `#fragment`; the host is a valid DNS "
+            "name (IDNA 2008 / UTS-46, labels of 1 to 63 characters, not ending in a number) or "
+            "an IP address (IPv6 in brackets, no zone id). `https://` with `signature: secret`.",
+        )
+    )
+    events: frozenset[str] = field(metadata=declare(Events(), "Only these events are sent."))
+    secret: Secret = field(
+        metadata=declare(
+            SecretText(
+                file_help="File holding the secret (one trailing `\\n` or `\\r\\n` ignored; must "
+                "not be empty)."
+            ),
+            "The secret hash. Exactly one of `secret`, `secret_file`. A `whsec_` secret must be "
+            "valid base64 after the prefix.",
+            default_text="—",
+        )
+    )
+    previous_secret: Secret | None = field(
+        default=None,
+        metadata=declare(
+            SecretText(),
+            "Previous secret during a rotation: `webhook-signature` carries both. Not with "
+            "`signature: secret` or `standard_webhooks_secret`.",
+            type_text="as above",
+        ),
+    )
+    signature: SignatureScheme = field(
+        default=DEFAULT_SIGNATURE,
+        metadata=declare(
+            Choice(get_args(SignatureScheme)),
+            "How `x-service-secret` is filled: HMAC of the body, or the secret itself. Secret "
+            "mode requires `https://`, at least 32 printable ASCII characters without spaces, "
+            "and a `standard_webhooks_secret` ([why](#signature-secret)).",
+        ),
+    )
+    enabled: bool = field(
+        default=True,
+        metadata=declare(
+            Boolean(),
+            "`false` keeps it configured but sends nothing; its pending retries are "
+            "dead-lettered (`webhook_disabled`).",
+        ),
+    )
+    timeout_seconds: float = field(
+        default=DEFAULT_TIMEOUT_SECONDS,
+        metadata=declare(
+            Seconds(0, 300),
+            "Per-webhook request timeout.",
+            default_text="`delivery.timeout_seconds`",
+        ),
+    )
+    concurrency: int = field(
+        default=DEFAULT_CONCURRENCY_PER_WEBHOOK,
+        metadata=declare(
+            Integer(1, 10_000),
+            "Per-webhook requests in flight, per replica.",
+            default_text="`delivery.concurrency_per_webhook`",
+        ),
+    )
+    standard_webhooks_secret: Secret | None = field(
+        default=None,
+        metadata=declare(
+            SecretText(),
+            "Key of `webhook-signature` instead of the secret; must differ from it. Required "
+            "with `signature: secret`.",
+            type_text="as `secret` (`whsec_…` or raw)",
+        ),
+    )
+    previous_standard_webhooks_secret: Secret | None = field(
+        default=None,
+        metadata=declare(
+            SecretText(),
+            "Previous Standard Webhooks key during its rotation; only with "
+            "`standard_webhooks_secret`.",
+            type_text="as above",
+        ),
+    )
+    tls: TlsSettings = field(
+        default=TlsSettings(),
+        metadata=declare(
+            Nested(TlsSettings, prefix="tls_"),
+            "This webhook's receiver TLS, key by key over the `delivery` defaults. Connections "
+            "are pooled per TLS setting, so a client certificate is only ever used for the "
+            "webhooks that name it. A wrong CA, a refused or missing client certificate, or a "
+            "refused version is a not-received attempt (`tls_error`) that goes up the ladder.",
+            type_text="as in `delivery`",
+            default_text="the `delivery` values",
+        ),
+    )
