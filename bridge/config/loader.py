@@ -370,6 +370,9 @@ def _number(value: float) -> str:
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
+_SHOWN_SECRET: Final = "holds the value of a secret: a secret belongs in a secret field only"
+
+
 def _is_secret_key(key: str) -> bool:
     """Whether a YAML key names a secret value (``secret``, ``sasl_password``, a Kafka credential
     property...); ``*_file`` keys name paths."""
@@ -1073,6 +1076,7 @@ class _Loader:
             entry = placed.get(name)
             self._source = (0, self.path) if entry is None else entry[0]  # absent: the directory
             sections[name] = self.section(entry and entry[2], spec, _section_where(name))
+            self.refuse_shown_secrets(sections[name], tuple(sections[name].values))
         delivery_values = sections["delivery"].values
         tls = self.tls(self.within(sections["delivery"]), TlsSettings())
         delivery = DeliveryConfig(
@@ -1298,6 +1302,18 @@ class _Loader:
                     self.problem(section.node, section.where(name), message)
         return kafka
 
+    def refuse_shown_secrets(self, section: _Values, keys: Iterable[str]) -> None:
+        """Report each of ``keys`` whose text (a path's too) holds a secret's value met so far,
+        unless the key names a secret: every other value may be shown (logs, metrics, messages,
+        the configuration's repr)."""
+        values = section.values
+        for key in keys:
+            value = values.get(key)
+            if not isinstance(value, str | Path) or _is_secret_key(key):
+                continue
+            if self._secrets.found_in(str(value)):
+                self.problem(section.nodes[key], section.where(key), _SHOWN_SECRET)
+
     def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:
         """``kafka.properties``, each value a string, ``"${ENV_VAR}"`` or ``{file: PATH}``;
         credentials (:func:`is_kafka_credential`) and every value read from the environment or
@@ -1323,7 +1339,9 @@ class _Loader:
             except _Invalid as exc:
                 self.problem(value_node, where, str(exc))
                 continue
-            if value is not None:
+            if isinstance(value, str) and self._secrets.found_in(value):
+                self.problem(value_node, where, _SHOWN_SECRET)
+            elif value is not None:
                 properties[name] = value
         return MappingProxyType(properties)
 
@@ -1523,13 +1541,8 @@ class _Loader:
             key: self.secret(section, key, required=key == "secret") for key in _SECRET_NAMES
         }
         self.check_secrets(section, secrets)
-        for key in ("id", "account"):  # shown in logs, metrics and /status
-            if key in values and self._secrets.found_in(values[key]):
-                self.problem(
-                    section.nodes[key],
-                    section.where(key),
-                    "holds the value of a secret: a secret belongs in a secret field only",
-                )
+        # shown in logs, metrics, /status and the configuration's repr
+        self.refuse_shown_secrets(section, ("id", "account", "url", *_TLS_FIELDS))
         if "url" in values:
             self.check_destination(section, values["url"], delivery)
         secret = secrets["secret"]

@@ -776,6 +776,38 @@ def test_a_secret_echoed_through_an_alias_is_masked(tmp_path: Path) -> None:
     assert "unknown value '***'" in only_problem(write(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        (f"kafka: {{bootstrap_servers: {PLANTED}}}", "field 'kafka.bootstrap_servers'"),
+        (f"kafka: {{group_id: {PLANTED}}}", "field 'kafka.group_id'"),
+        (f"kafka: {{client_id: x{PLANTED}x}}", "field 'kafka.client_id'"),
+        (f"kafka: {{properties: {{ssl.ca.location: {PLANTED}}}}}", "'kafka.properties.ssl.ca"),
+        (f"topics: {{source: {PLANTED}}}", "field 'topics.source'"),
+        (f"metrics: {{host: {PLANTED}}}", "field 'metrics.host'"),
+        (
+            f"schemas: {{registry_username: {PLANTED}, registry_password: pw}}",
+            "field 'schemas.registry_username'",
+        ),
+    ],
+)
+def test_a_field_that_is_shown_never_holds_a_secrets_value(
+    tmp_path: Path, section: str, where: str
+) -> None:
+    """Whatever is not a secret may be shown (logs, metrics, messages, the repr): a field holding
+    a secret's value (or a part of it) is refused, in every section, not only a webhook's id."""
+    text = f"{section}\n" + webhook_yaml(secret=PLANTED)
+    problem = only_problem(write(tmp_path, text))
+    assert where in problem and problem.endswith("a secret belongs in a secret field only")
+
+
+def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
+    text = webhook_yaml(secret=PLANTED, url=f"https://shop.example.com/hooks/{PLANTED}")
+    assert only_problem(write(tmp_path, text)) == (
+        f"{SHOP} 'url': holds the value of a secret: a secret belongs in a secret field only"
+    )
+
+
 def test_at_most_1000_problems_are_listed(tmp_path: Path) -> None:
     text = "retry:\n" + "".join(f"  unknown{n}: 1\n" for n in range(1500)) + "webhooks: []\n"
     problems = problems_of(write(tmp_path, text))
@@ -1163,7 +1195,9 @@ webhooks: []
 """
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, text), {"KEYSTORE": PLANTED})
-    assert len(caught.value.problems) == 2  # group_id and retry.attempts
+    # client_id holds a credential's value (through the alias), group_id is not text, and
+    # retry.attempts is out of range
+    assert len(caught.value.problems) == 3
     assert PLANTED not in str(caught.value)
     assert PLANTED not in repr(caught.value)
 
