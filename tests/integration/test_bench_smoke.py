@@ -213,7 +213,8 @@ def test_hostile_server_survives_anything_and_caps_each_connection(
 
 def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_path: Path) -> None:
     """``--only isolation --quick``: alone, beside a hung webhook, beside the hostile neighbour,
-    and the backlog alone and beside it (about 70 s on two cores)."""
+    and the backlog alone and beside it; then all of it again in the split placement (about
+    140 s on two cores)."""
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [
@@ -248,8 +249,15 @@ def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_pa
     assert alone["deliveries_per_s"] > 0 and alone["neighbour_records"] == 0
     assert hostile["deliveries_per_s"] > 0 and hostile["neighbour_records"] == 250
     assert hostile["hostile_connections"] > 0
+    # and again with the bridge on a CPU of its own (split placement)
+    for name in ("alone", "hung", "hostile"):
+        assert results[f"split_isolation_{name}"]["count"] == 2500
+    assert results["split_neighbour_hostile"]["neighbour_records"] == 250
+    assert results["split_neighbour_alone"]["deliveries_per_s"] > 0
     assert {
         "healthy p99 beside a hostile neighbour <= 1.5x alone",
         "healthy throughput beside a hostile neighbour >= alone / 1.5",
+        "split placement: healthy p99 beside a hostile neighbour <= 1.5x alone",
+        "split placement: healthy throughput beside a hostile neighbour >= alone / 1.5",
     } <= set(results["targets"])
     assert "isolation_hostile" in result.stdout and "neighbour_hostile" in result.stdout
