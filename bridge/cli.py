@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
+REGISTRY_HINT = (
+    "check schemas.registry_username and schemas.registry_password (or registry_password_file)"
+)
 SECURITY_HINT = (
     "check kafka.security_protocol, sasl_* and the ssl.* kafka.properties "
     "(or KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*)"
@@ -110,6 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config, primer = load_isolated_primed(config_path(args))  # no parse leftovers held
     logs.configure(config.logging.format, config.logging.level)
+    if config.schemas.mode == "registry" and not _registry_admits(config):
+        return EXIT_FAILED
     try:
         clean = run_event_loop(_run_app(config, primer))
     except KafkaSecurityError as exc:  # logged as kafka.start_failed; no retry can mend it
@@ -125,6 +130,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(EXIT_OK)
     return EXIT_OK
+
+
+def _registry_admits(config: Config) -> bool:
+    """At start: False (said, with a hint) when the schema registry refuses the credentials,
+    which no retry mends. A registry that cannot answer now is only logged: the records that
+    need it hold their partitions until it does."""
+    from bridge.codec.build import registry_client
+    from bridge.codec.registry import RegistryRefusedError
+    from bridge.core.errors import RegistryUnavailableError
+
+    with registry_client(config) as client:
+        try:
+            client.probe()
+        except RegistryRefusedError as exc:
+            logging.getLogger("bridge.app").error(
+                "registry.refused", extra={"fields": {"error": str(exc)}}
+            )
+            print(f"error: {exc}\nhint: {REGISTRY_HINT}", file=sys.stderr, flush=True)
+            return False
+        except RegistryUnavailableError as exc:
+            logging.getLogger("bridge.app").warning(
+                "registry.unavailable", extra={"fields": {"error": str(exc), "at": "start"}}
+            )
+    return True
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
@@ -184,6 +213,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
             hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
         ) from exc
+    if config.schemas.mode == "registry":
+        _check_registry(config)
     needed = [
         config.topics.source,
         *config.delay_topics,
@@ -197,6 +228,22 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"missing topics: {', '.join(missing)}", hint="run `bridge topics` to create them"
         )
     return EXIT_OK
+
+
+def _check_registry(config: Config) -> None:
+    """``bridge check``: the schema registry answers, with the configured credentials."""
+    from bridge.codec.build import registry_client
+    from bridge.codec.registry import RegistryRefusedError
+    from bridge.core.errors import RegistryUnavailableError
+
+    with registry_client(config) as client:
+        try:
+            client.probe()
+        except RegistryRefusedError as exc:
+            raise CliError(str(exc), hint=REGISTRY_HINT) from None
+        except RegistryUnavailableError as exc:
+            raise CliError(str(exc), hint="check schemas.registry_url") from None
+    print(f"schema registry: answering at {client.base_url}")
 
 
 def cmd_topics(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ a file in its home folder. The Confluent-compatible API is under :data:`CCOMPAT_
 from __future__ import annotations
 
 import argparse
+import base64
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
@@ -121,6 +123,7 @@ class Registry:
     """One Apicurio Registry process with in-memory storage; its files live in ``home``."""
 
     home: Path
+    users: Mapping[str, str] | None = None  # name: password; every request must then carry one
     base_url: str | None = None
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -162,6 +165,7 @@ class Registry:
             f"-Dquarkus.http.port={port}",
             "-Dapicurio.storage.kind=sql",
             "-Dapicurio.storage.sql.kind=h2",
+            *self._auth_properties(),
             "-jar",
             str(runner),
         ]
@@ -171,7 +175,12 @@ class Registry:
             )
         base_url = f"http://127.0.0.1:{port}"
         try:
-            _wait_until_ready(base_url + CCOMPAT_PATH + "/subjects", self._process, START_TIMEOUT_S)
+            _wait_until_ready(
+                base_url + CCOMPAT_PATH + "/subjects",
+                self._process,
+                START_TIMEOUT_S,
+                next(iter(self.users.items()), None) if self.users else None,
+            )
         except RegistryError as exc:
             self.stop()
             raise RegistryError(f"{exc}\n--- registry log tail ---\n{self.log_tail()}") from exc
@@ -181,6 +190,20 @@ class Registry:
         print(f"registry ready at {base_url} in {elapsed:.1f}s (pid {pid})", file=sys.stderr)
         return base_url
 
+    def _auth_properties(self) -> list[str]:
+        """Quarkus properties requiring HTTP basic authentication of every request, by the
+        ``users`` given (plain-text passwords: a throwaway registry for tests)."""
+        if not self.users:
+            return []
+        return [
+            "-Dquarkus.http.auth.basic=true",
+            "-Dquarkus.security.users.embedded.enabled=true",
+            "-Dquarkus.security.users.embedded.plain-text=true",
+            *(f"-Dquarkus.security.users.embedded.users.{n}={p}" for n, p in self.users.items()),
+            "-Dquarkus.http.auth.permission.all.paths=/*",
+            "-Dquarkus.http.auth.permission.all.policy=authenticated",
+        ]
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the registry cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
         process, self._process, self.base_url = self._process, None, None
@@ -188,17 +211,26 @@ class Registry:
             stop_process(process, timeout)
 
 
-def _wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
-    """Wait until ``GET url`` answers 200."""
+def _wait_until_ready(
+    url: str,
+    process: subprocess.Popen[bytes],
+    timeout: float,
+    user: tuple[str, str] | None = None,
+) -> None:
+    """Wait until ``GET url`` (as ``user``, name and password, if given) answers 200."""
     deadline = time.monotonic() + timeout
     last_error = "no answer"
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RegistryError(
                 f"the registry exited with status {process.returncode} during start"
             )
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2) as response:
                 if response.status == 200:
                     return
                 last_error = f"HTTP {response.status}"

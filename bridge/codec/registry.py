@@ -27,6 +27,10 @@ SCHEMA_NOT_FOUND_ERROR_CODE = 40403
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
+class RegistryRefusedError(Exception):
+    """The registry refused the client's credentials (HTTP 401 or 403): no retry mends it."""
+
+
 class SchemaRegistryClient:
     """Fetches and registers Avro schemas on a Confluent-compatible registry over HTTP."""
 
@@ -40,6 +44,7 @@ class SchemaRegistryClient:
     ) -> None:
         """Connect lazily to ``base_url``, which may carry a path such as ``/apis/ccompat/v7``."""
         self.base_url = display_url(base_url)
+        self._user = auth[0] if auth else None
         self._secrets = [part for part in (*(auth or ()), _userinfo(base_url)) if part]
         self._schemas_by_id: dict[int, AvroSchema] = {}
         self._http = httpx.Client(
@@ -49,6 +54,23 @@ class SchemaRegistryClient:
             transport=transport,
             headers={"Accept": f"{_CONTENT_TYPE}, application/json"},
         )
+
+    def probe(self) -> None:
+        """Ask for the registry's subjects: return when it answers, raise
+        :class:`RegistryRefusedError` when it refuses the credentials (or their absence) and
+        :class:`RegistryUnavailableError` when it cannot answer. Messages name the user, never
+        the password."""
+        response = self._request("GET", "/subjects")
+        status = response.status_code
+        if status in (401, 403):
+            who = f"user {self._user!r}" if self._user else "no credentials"
+            raise RegistryRefusedError(
+                f"schema registry at {self.base_url} refused the request with {who} (HTTP {status})"
+            )
+        if status != 200:
+            raise RegistryUnavailableError(
+                f"schema registry at {self.base_url} answered HTTP {status} to GET /subjects"
+            )
 
     def cached(self, schema_id: int) -> AvroSchema | None:
         """The schema already fetched for ``schema_id``, or None; never does I/O."""

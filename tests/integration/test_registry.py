@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,15 +35,45 @@ UNREGISTERED_ID = 2_000_000_000  # far beyond the ids a fresh registry hands out
 PERFORMED_AT = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 
 
+USER, PASSWORD = "bridge", "registry-Password-5e0c2a"
+AUTH = (USER, PASSWORD)
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    """One Apicurio Registry for the module (fetched into .cache/apicurio/ on first use)."""
-    owned = Registry(tmp_path_factory.mktemp("registry"))
+    """One Apicurio Registry for the module (fetched into .cache/apicurio/ on first use) that
+    requires HTTP basic authentication of every request, as production registries do."""
+    owned = Registry(tmp_path_factory.mktemp("registry"), users={USER: PASSWORD})
     try:
         owned.start()
         yield owned
     finally:
         owned.stop()
+
+
+def registry_schemas(registry: Registry, workdir: Path, password: str | None) -> dict[str, Any]:
+    """The ``schemas`` section of a bridge on ``registry``: the user, and ``password`` from a
+    file (none at all with None)."""
+    if password is None:
+        return {"mode": "registry", "registry_url": registry.ccompat_url}
+    secret = workdir / "registry-password"
+    secret.write_text(password + "\n")
+    return {
+        "mode": "registry",
+        "registry_url": registry.ccompat_url,
+        "registry_username": USER,
+        "registry_password_file": str(secret),
+    }
+
+
+def run_bridge_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def v1_record(transaction_id: str) -> dict[str, Any]:
@@ -58,13 +91,13 @@ def v2_record(transaction_id: str, merchant_reference: str) -> dict[str, Any]:
 
 def test_client_registers_and_fetches_both_schema_versions(registry: Registry) -> None:
     subject = unique_name("tx") + "-value"
-    with SchemaRegistryClient(registry.ccompat_url) as producer_side:
+    with SchemaRegistryClient(registry.ccompat_url, auth=AUTH) as producer_side:
         id_v1 = producer_side.register(subject, V1)
         id_v2 = producer_side.register(subject, V2)
         assert producer_side.register(subject, V1) == id_v1, "registering again is idempotent"
     assert id_v1 != id_v2
 
-    with SchemaRegistryClient(registry.ccompat_url) as client:
+    with SchemaRegistryClient(registry.ccompat_url, auth=AUTH) as client:
         assert client.cached(id_v1) is None, "a new client fetches over HTTP"
         assert client.fetch(id_v1) == V1
         assert client.fetch(id_v2) == V2
@@ -77,7 +110,7 @@ def test_client_registers_and_fetches_both_schema_versions(registry: Registry) -
 
 def test_unknown_schema_id_is_a_non_retriable_decode_error(registry: Registry) -> None:
     value = encode_confluent(UNREGISTERED_ID, V2, v2_record("tx-unknown", "ref-x"))
-    with SchemaRegistryClient(registry.ccompat_url) as client:
+    with SchemaRegistryClient(registry.ccompat_url, auth=AUTH) as client:
         with pytest.raises(DecodeError) as fetched:
             client.fetch(UNREGISTERED_ID)
         with pytest.raises(DecodeError) as decoded:
@@ -106,14 +139,15 @@ def test_stopped_registry_is_a_retriable_unavailable_error(tmp_path: Path) -> No
 
 
 def test_bridge_reads_v1_and_v2_records_and_dead_letters_unknown_ids(
-    registry: Registry, receiver: Receiver, bridge_setup: Setup
+    registry: Registry, receiver: Receiver, bridge_setup: Setup, tmp_path: Path
 ) -> None:
+    """Through a registry that requires authentication, the password from a file."""
     setup = bridge_setup(
         [webhook("hook", "acct_1", receiver.url("/hook"))],
         partitions=1,
-        schemas={"mode": "registry", "registry_url": registry.ccompat_url},
+        schemas=registry_schemas(registry, tmp_path, PASSWORD),
     )
-    with SchemaRegistryClient(registry.ccompat_url) as client:
+    with SchemaRegistryClient(registry.ccompat_url, auth=AUTH) as client:
         id_v1 = client.register(f"{setup.source}-value", V1)
         id_v2 = client.register(f"{setup.source}-value", V2)
     unknown = encode_confluent(UNREGISTERED_ID, V2, v2_record("tx-unknown", "ref-x"))
@@ -138,3 +172,37 @@ def test_bridge_reads_v1_and_v2_records_and_dead_letters_unknown_ids(
     assert str(UNREGISTERED_ID) in headers["bridge-detail"]
     assert bridge.process is not None and bridge.process.poll() is None, "the bridge never crashes"
     assert bridge.terminate() == 0
+
+
+def test_check_says_the_registry_answers_with_the_right_credentials(
+    registry: Registry, bridge_setup: Setup, tmp_path: Path
+) -> None:
+    setup = bridge_setup([], schemas=registry_schemas(registry, tmp_path, PASSWORD))
+    checked = run_bridge_command("check", "-c", str(setup.config_path))
+    assert checked.returncode == 0, checked.stderr
+    assert f"schema registry: answering at {registry.ccompat_url}" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("password", "who"), [("wrong-Password-81d3f7", "user 'bridge'"), (None, "no credentials")]
+)
+def test_a_refused_registry_login_is_said_at_check_and_ends_run_at_once(
+    registry: Registry, bridge_setup: Setup, tmp_path: Path, password: str | None, who: str
+) -> None:
+    """A wrong password (or none) is said by ``bridge check`` and ends ``bridge run`` at start
+    with exit 1 (no retry mends it), naming the registry and the user, never a password."""
+    setup = bridge_setup([], schemas=registry_schemas(registry, tmp_path, password))
+    expected = (
+        f"schema registry at {registry.ccompat_url} refused the request with {who} (HTTP 401)"
+    )
+    checked = run_bridge_command("check", "-c", str(setup.config_path))
+    started = time.monotonic()
+    ran = run_bridge_command("run", "-c", str(setup.config_path), timeout=60)
+    elapsed = time.monotonic() - started
+    for result in (checked, ran):
+        assert result.returncode == 1, result.stderr
+        assert f"error: {expected}" in result.stderr
+        assert "hint: check schemas.registry_username" in result.stderr
+        for secret in (password or PASSWORD, PASSWORD):
+            assert secret not in result.stdout + result.stderr
+    assert elapsed < 20, f"bridge run took {elapsed:.1f}s to give up"

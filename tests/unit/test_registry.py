@@ -14,7 +14,7 @@ import pytest
 
 from bridge.codec.decoding import Decoder
 from bridge.codec.encoding import encode_confluent
-from bridge.codec.registry import SchemaRegistryClient
+from bridge.codec.registry import RegistryRefusedError, SchemaRegistryClient
 from bridge.core.errors import DecodeError, RegistryUnavailableError
 
 BASE_PATH = "/apis/ccompat/v7"
@@ -36,6 +36,8 @@ class FakeRegistry(ThreadingHTTPServer):
         self.requests: list[tuple[str, str, str | None]] = []
         self.failed_once: set[int] = set()
         self.release_slow = threading.Event()
+        self.required_authorization: str | None = None  # of GET /subjects, when set
+        self.subjects_status = 200
 
     @property
     def url(self) -> str:
@@ -48,6 +50,15 @@ class RegistryHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.requests.append(("GET", self.path, self.headers.get("Authorization")))
         prefix = f"{BASE_PATH}/schemas/ids/"
+        if self.path == f"{BASE_PATH}/subjects":
+            expected = self.server.required_authorization
+            if expected is not None and self.headers.get("Authorization") != expected:
+                self._json(401, {"error_code": 401, "message": "Unauthorized"})
+            elif self.server.subjects_status != 200:
+                self._send(self.server.subjects_status, b"{}")
+            else:
+                self._json(200, [])
+            return
         if not self.path.startswith(prefix):
             self._send(404, b"<html>Not Found</html>", "text/html")
             return
@@ -261,3 +272,31 @@ def test_registry_errors_never_carry_credentials_or_the_query_string() -> None:
     for secret in ("alice", "url-pass-1", "query-token-2", "auth-pass-3"):
         assert secret not in text
     assert caught.value.__cause__ is None, "the library's error (which may hold the URL) is dropped"
+
+
+def test_probe_tells_refused_credentials_from_an_unavailable_registry(
+    registry_server: FakeRegistry,
+) -> None:
+    """``probe`` (``bridge check``, ``bridge run`` at start): a 401 or 403 is a refusal naming
+    the user and never the password; any other failure is the registry being unavailable."""
+    token = base64.b64encode(b"bridge:right-Password-1").decode()
+    registry_server.required_authorization = f"Basic {token}"
+    with SchemaRegistryClient(registry_server.url, auth=("bridge", "right-Password-1")) as good:
+        good.probe()
+    refusals = ((("bridge", "wrong-Password-2"), "user 'bridge'"), (None, "no credentials"))
+    for auth, who in refusals:
+        refused = SchemaRegistryClient(registry_server.url, auth=auth)
+        with refused, pytest.raises(RegistryRefusedError) as caught:
+            refused.probe()
+        assert str(caught.value) == (
+            f"schema registry at {registry_server.url} refused the request with {who} (HTTP 401)"
+        )
+        assert "Password" not in str(caught.value)
+    registry_server.required_authorization = None
+    registry_server.subjects_status = 503
+    failing = SchemaRegistryClient(registry_server.url)
+    with failing, pytest.raises(RegistryUnavailableError, match="HTTP 503 to GET /subjects"):
+        failing.probe()
+    nobody = SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}", timeout=1.0)
+    with nobody, pytest.raises(RegistryUnavailableError, match="unreachable"):
+        nobody.probe()
