@@ -19,27 +19,17 @@ if [ "${CONTAINER_ENGINE:-}" = docker ] || { command -v docker >/dev/null 2>&1 &
     exit 0
 fi
 
-fail() {
-    echo "ensure-container-tools: $*" >&2
-    echo "ensure-container-tools: install Debian's packages ($PACKAGES) or run a Docker engine," >&2
-    echo "ensure-container-tools: then run again." >&2
+# podman recommends crun and others; only what is named is installed (runc is the runtime used).
+# shellcheck disable=SC2086 # the package names are meant to split
+sh "$(dirname "$0")/../apt-install.sh" ensure-container-tools $PACKAGES || {
+    echo "ensure-container-tools: or run a Docker engine, then run again." >&2
     exit 1
 }
 
-command -v apt-get >/dev/null 2>&1 || fail "missing:$missing, and apt-get is not available"
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || fail "missing:$missing, and installing them needs root (no sudo)"
-    SUDO="sudo -n"
-fi
-
-echo "ensure-container-tools: installing$missing (apt-get: $PACKAGES)" >&2
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || fail "apt-get update failed"
-# podman recommends crun and others; only what is named is installed (runc is the runtime used).
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold $PACKAGES >/dev/null ||
-    fail "apt-get install failed"
+fail() {
+    echo "ensure-container-tools: $*" >&2
+    exit 1
+}
 
 for tool in $TOOLS; do
     command -v "$tool" >/dev/null 2>&1 || fail "the packages installed but '$tool' is not on PATH"

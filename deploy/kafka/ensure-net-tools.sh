@@ -14,28 +14,15 @@ command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
 command -v nft >/dev/null 2>&1 || missing="$missing nftables"
 [ -z "$missing" ] && exit 0
 
-fail() {
-    echo "ensure-net-tools: $*" >&2
-    echo "ensure-net-tools: install Debian's packages (iproute2 nftables) as root, then run again." >&2
-    exit 1
-}
-
-command -v apt-get >/dev/null 2>&1 || fail "missing:$missing, and apt-get is not available"
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || fail "missing:$missing, and installing them needs root (no sudo)"
-    SUDO="sudo -n"
-fi
-
-echo "ensure-net-tools: installing$missing (apt-get)" >&2
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null || fail "apt-get update failed"
 # nftables' package ships a service unit with an empty ruleset; nothing here enables or starts it,
 # and the tests only ever load rules inside their own namespaces.
 # shellcheck disable=SC2086 # the package names are meant to split
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold $missing >/dev/null ||
-    fail "apt-get install$missing failed"
+sh "$(dirname "$0")/../apt-install.sh" ensure-net-tools $missing
+
+fail() {
+    echo "ensure-net-tools: $*" >&2
+    exit 1
+}
 
 command -v ip >/dev/null 2>&1 || fail "the packages installed but 'ip' is not on PATH"
 command -v nft >/dev/null 2>&1 || fail "the packages installed but 'nft' is not on PATH"
