@@ -8,6 +8,8 @@ Used by ``deploy/kafka/broker.py`` (the script), the test fixtures and ``python 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import re
 import secrets
@@ -17,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -235,6 +238,7 @@ class Broker:
     home: Path
     heap: tuple[str, ...] = ("-Xms128m", "-Xmx512m")
     security: BrokerSecurity | None = None
+    quorum: Quorum | None = None  # a node of a multi-node cluster (see :class:`Cluster`)
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -294,12 +298,20 @@ class Broker:
             inter_broker = "SASL_SSL"
             security = self.security.properties(self.home / "tls")
         protocols = {name: "PLAINTEXT" if name == "CONTROLLER" else name for name in listeners}
+        quorum = self.quorum
+        replicas = 1 if quorum is None else len(quorum.voters)
+        isr = min(2, replicas)
+        voters = (
+            [f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}"]
+            if quorum is None
+            else [f"controller.quorum.voters={quorum.voters_text()}"]
+        )
         props.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}",
+                    f"node.id={1 if quorum is None else quorum.node_id}",
+                    *voters,
                     "listeners=" + ",".join(f"{n}://127.0.0.1:{p}" for n, p in listeners.items()),
                     "advertised.listeners="
                     + ",".join(f"{n}://127.0.0.1:{p}" for n, p in advertised.items()),
@@ -311,12 +323,14 @@ class Broker:
                     f"log.dirs={data}",
                     "num.partitions=1",
                     "auto.create.topics.enable=false",
-                    "offsets.topic.replication.factor=1",
+                    f"offsets.topic.replication.factor={replicas}",
                     "offsets.topic.num.partitions=5",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
+                    f"transaction.state.log.replication.factor={replicas}",
+                    f"transaction.state.log.min.isr={isr}",
+                    f"share.coordinator.state.topic.replication.factor={replicas}",
+                    f"share.coordinator.state.topic.min.isr={isr}",
+                    f"default.replication.factor={replicas}",
+                    f"min.insync.replicas={isr}",
                     "group.initial.rebalance.delay.ms=0",
                     "log.retention.check.interval.ms=60000",
                     "",
@@ -387,19 +401,25 @@ class Broker:
             if self.security is not None:
                 self.security.check()
             count = 2 if self.security is None else len(_LISTENERS)
-            ports = [port or free_port(), *(free_port() for _ in range(count - 1))]
+            if self.quorum is not None:
+                ports = list(self.quorum.ports)
+            else:
+                ports = [port or free_port(), *(free_port() for _ in range(count - 1))]
             ports_file.write_text(" ".join(map(str, ports)) + "\n")
             broker_port = ports[0]
             props = self._write_properties(ports)
-            cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
-            cid = cluster_id.stdout.strip() or str(uuid.uuid4())
+            if self.quorum is not None:  # every node of a cluster is formatted with its id
+                cid, standalone = self.quorum.cluster_id, []
+            else:
+                cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
+                cid, standalone = cluster_id.stdout.strip() or str(uuid.uuid4()), ["--standalone"]
             scram = [] if self.security is None else self.security.scram_arguments()
             fmt = _run(
                 self._java(
                     libs,
                     "kafka.tools.StorageTool",
                     "format",
-                    "--standalone",
+                    *standalone,
                     "-t",
                     cid,
                     "-c",
@@ -473,6 +493,95 @@ class Broker:
 
 _LISTENERS = ("PLAINTEXT", "CONTROLLER", "SASL_SSL", "SSL")
 """The listeners in the order of their ports in the ``ports`` file."""
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """One node's place in a multi-node KRaft cluster: its id, its ports (client, controller)
+    and every node's controller address (static voters)."""
+
+    node_id: int
+    ports: tuple[int, int]
+    voters: tuple[tuple[int, int], ...]  # (node id, controller port) of every node
+    cluster_id: str
+
+    def voters_text(self) -> str:
+        return ",".join(f"{node}@127.0.0.1:{port}" for node, port in self.voters)
+
+
+@dataclass
+class Cluster:
+    """Three (by default) combined broker and controller nodes on loopback ports: replication
+    factor 3 and ``min.insync.replicas`` 2 for every topic by default, the internal topics too.
+    Each node is a :class:`Broker` whose state lives in ``home/node-<id>``; a node is killed,
+    stopped and started again by itself (its data and ports kept)."""
+
+    home: Path
+    size: int = 3
+    heap: tuple[str, ...] = ("-Xms128m", "-Xmx384m")
+    nodes: dict[int, Broker] = field(default_factory=dict)
+
+    def start(self) -> str:
+        """Format and start every node at once (a node is ready only with a quorum); return the
+        bootstrap list."""
+        ports = {node: (free_port(), free_port()) for node in range(1, self.size + 1)}
+        voters = tuple((node, controller) for node, (_, controller) in ports.items())
+        # A Kafka Uuid: 16 random bytes, URL-safe base64 without padding.
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.nodes = {
+            node: Broker(
+                self.home / f"node-{node}",
+                heap=self.heap,
+                quorum=Quorum(node, pair, voters, cluster_id),
+            )
+            for node, pair in ports.items()
+        }
+        errors: list[BaseException] = []
+
+        def start(broker: Broker) -> None:
+            try:
+                broker.start()
+            except BaseException as exc:  # reported below, once every node has been tried
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(b,)) for b in self.nodes.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            self.stop()
+            raise BrokerError(f"the cluster did not start: {errors[0]}")
+        return self.bootstrap()
+
+    def bootstrap(self) -> str:
+        """Every node's client address, comma-separated."""
+        return ",".join(
+            f"127.0.0.1:{b.quorum.ports[0]}" for b in self.nodes.values() if b.quorum is not None
+        )
+
+    def active_controller(self) -> int | None:
+        """The node id of the active controller (the quorum's leader), as the nodes that run
+        record it in their ``quorum-state`` file; None while no leader is known."""
+        for broker in self.nodes.values():
+            if broker.pid() is None:
+                continue
+            state = broker.home / "data" / "__cluster_metadata-0" / "quorum-state"
+            try:
+                leader = json.loads(state.read_text()).get("leaderId", -1)
+            except (OSError, ValueError):
+                continue
+            if isinstance(leader, int) and leader > 0:
+                return leader
+        return None
+
+    def stop(self) -> None:
+        """Stop every node (in parallel: a node stopping alone waits for the others)."""
+        threads = [threading.Thread(target=b.stop) for b in self.nodes.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 def _wait_until_ready(bootstrap: str, process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -53,6 +53,7 @@ class BridgeSetup:
     delivery: dict[str, Any] = field(default_factory=dict)
     schemas: dict[str, Any] = field(default_factory=dict)
     kafka: dict[str, Any] = field(default_factory=dict)
+    topics: dict[str, Any] = field(default_factory=dict)
     source: str = field(default_factory=lambda: unique_name("tx"))
     group: str = field(default_factory=lambda: unique_name("bridge"))
     processes: list[BridgeProcess] = field(default_factory=list)
@@ -70,7 +71,7 @@ class BridgeSetup:
         document = {
             "kafka": {"bootstrap_servers": self.bootstrap, "group_id": self.group, **self.kafka},
             "schemas": {"mode": "embedded", "directory": str(REPO / "schemas"), **self.schemas},
-            "topics": {"source": self.source, "partitions": self.partitions},
+            "topics": {"source": self.source, "partitions": self.partitions, **self.topics},
             "retry": {"attempts": 5, "first_delay_ms": 500, "increment_ms": 500, **self.retry},
             "delivery": {
                 "timeout_seconds": 2.0,

@@ -1,0 +1,169 @@
+"""A three-node KRaft cluster (``devtools.devkafka.Cluster``: combined broker and controller
+nodes on loopback ports, replication factor 3, ``min.insync.replicas`` 2) losing brokers while
+two bridge replicas deliver, checked against the fault ledger like ``test_faults.py``.
+
+One scenario, four faults in a row while records stream in and retries are in flight: the leader
+of a source partition killed (SIGKILL) and started again; the active controller killed and
+started again; a rolling restart of all three nodes; one node killed and, during that loss, one
+of the two bridge replicas killed and started again. Every (record, webhook) pair must end
+received or dead-lettered, duplicates only from work in flight at a fault (same ``webhook-id``).
+About two minutes on two cores, most of it nodes starting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from devtools.devkafka import Cluster
+from tests.bridge_harness import BridgeSetup, setups, webhook
+from tests.integration.test_faults import (
+    COMMIT_WINDOW_S,
+    FAST_FAILOVER,
+    QUICK_LADDER,
+    alive,
+    assert_no_traceback,
+    report,
+    settle,
+    stream_records,
+)
+from tests.kafka_helpers import QUIET, wait_for
+from tests.ledger import (
+    Ledger,
+    StreamProducer,
+    encoded,
+    fault_seed,
+    longest_redo_lag,
+    receiver_requests,
+    scenario_rng,
+    timeline,
+    unexplained_duplicates,
+)
+from tests.receiver import Receiver, fail_first
+
+pytestmark = pytest.mark.integration
+
+Setup = Callable[..., BridgeSetup]
+
+DOWN_S = 5.0
+"""How long a killed or stopped node stays down before it is started again."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    owned = Cluster(tmp_path_factory.mktemp("cluster"))
+    owned.start()
+    try:
+        yield owned
+    finally:
+        owned.stop()
+
+
+@pytest.fixture
+def cluster_setup(cluster: Cluster, tmp_path: Path) -> Iterator[Setup]:
+    yield from setups(cluster.bootstrap(), tmp_path)
+
+
+def leader_of(bootstrap: str, topic: str, partition: int) -> int:
+    """The node id leading ``topic``'s ``partition`` now."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(topic, 10)
+    return int(metadata.topics[topic].partitions[partition].leader)
+
+
+def in_sync(bootstrap: str, topics: list[str]) -> bool:
+    """Whether every partition of ``topics`` has all three replicas in sync."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(timeout=10)
+    return all(
+        len(partition.isrs) == 3
+        for topic in topics
+        for partition in metadata.topics[topic].partitions.values()
+    )
+
+
+@pytest.mark.timeout(600)
+def test_broker_losses_in_a_three_node_cluster_lose_nothing(
+    cluster: Cluster,
+    cluster_setup: Setup,
+    receiver: Receiver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    seed = fault_seed()
+    rng = scenario_rng(seed, "cluster")
+    receiver.behaviours["/flaky"] = fail_first(1, 503)  # every pair goes through a retry rung
+    hooks = [
+        webhook("steady", "acct_a", receiver.url("/steady")),
+        webhook("flaky", "acct_a", receiver.url("/flaky")),
+    ]
+    setup = cluster_setup(
+        hooks,
+        partitions=3,
+        retry=QUICK_LADDER,
+        kafka=FAST_FAILOVER,
+        topics={"replication_factor": 3},
+    )
+    bootstrap = setup.bootstrap
+    metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(timeout=10)
+    replicas = {len(p.replicas) for p in metadata.topics[setup.source].partitions.values()}
+    assert replicas == {3}, "bridge topics made the source topic with three replicas"
+    records = stream_records(rng, 400, ["acct_a", "acct_nobody"])
+    ledger = Ledger(hooks)
+    ledger.expect(records)
+    replicas_running = [setup.start_bridge(), setup.start_bridge()]
+    stream = StreamProducer(bootstrap, setup.source, encoded(records), 100.0)
+    stream.start()
+    faults: list[float] = []
+    topics = [setup.source, setup.delay_topic(1)]
+
+    def down_and_up(node: int, stop: Callable[[], None], during: Callable[[], None]) -> None:
+        faults.append(time.time())
+        stop()
+        time.sleep(DOWN_S)
+        during()
+        cluster.nodes[node].start(fresh=False)
+        faults.append(time.time())
+        wait_for(lambda: in_sync(bootstrap, topics), 90, message=f"node {node} back in sync")
+
+    time.sleep(rng.uniform(2.0, 4.0))
+    leader = leader_of(bootstrap, setup.source, 0)
+    down_and_up(leader, cluster.nodes[leader].kill, lambda: None)  # 1. a partition leader
+    controller = cluster.active_controller()
+    assert controller is not None
+    down_and_up(controller, cluster.nodes[controller].kill, lambda: None)  # 2. the controller
+    for node in sorted(cluster.nodes):  # 3. a rolling restart
+        down_and_up(node, cluster.nodes[node].stop, lambda: None)
+    lost = rng.choice(sorted(cluster.nodes))
+    crashed = replicas_running[0]
+
+    def crash_and_restart_a_replica() -> None:  # 4. a replica crashes during a broker loss
+        crashed.kill()
+        replicas_running.append(setup.start_bridge())
+
+    down_and_up(lost, cluster.nodes[lost].kill, crash_and_restart_a_replica)
+    stream.join()
+
+    verdict = settle(setup, ledger, lambda: receiver_requests(receiver), timeout=180)
+    requests = receiver_requests(receiver)
+    produced = ledger.produced_at(stream.produced_at)
+    unexplained = unexplained_duplicates(requests, faults, produced, COMMIT_WINDOW_S)
+    report(
+        capsys,
+        verdict.summary(
+            "cluster",
+            seed,
+            faults=len(faults) // 2,
+            nodes=len(cluster.nodes),
+            unexplained=len(unexplained),
+            redo_lag_s=round(longest_redo_lag(requests, faults, produced), 2),
+        ),
+    )
+    verdict.assert_sound()
+    assert unexplained == [], "duplicates not explained by a fault:\n" + timeline(
+        requests, unexplained[:5], faults, produced
+    )
+    for bridge in replicas_running[1:]:
+        assert alive(bridge), f"a bridge replica died:\n{bridge.log_tail(40)}"
+        assert_no_traceback(bridge)
