@@ -6,7 +6,8 @@ One scenario, four faults in a row while records stream in and retries are in fl
 of a source partition killed (SIGKILL) and started again; the active controller killed and
 started again; a rolling restart of all three nodes; one node killed and, during that loss, one
 of the two bridge replicas killed and started again. Every (record, webhook) pair must end
-received or dead-lettered, duplicates only from work in flight at a fault (same ``webhook-id``).
+received or dead-lettered, duplicates only from work in flight at a fault (same ``webhook-id``),
+and the replica that is never killed stays ready (``/readyz`` 200) through every loss of one node.
 About two minutes on two cores, most of it nodes starting.
 """
 
@@ -118,10 +119,13 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
     faults: list[float] = []
     topics = [setup.source, setup.delay_topic(1)]
 
+    ready_during_losses = []  # the replica never killed, with one node of three down
+
     def down_and_up(node: int, stop: Callable[[], None], during: Callable[[], None]) -> None:
         faults.append(time.time())
         stop()
         time.sleep(DOWN_S)
+        ready_during_losses.append(replicas_running[1].http("/readyz")[0])
         during()
         cluster.nodes[node].start(fresh=False)
         faults.append(time.time())
@@ -163,6 +167,10 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
     verdict.assert_sound()
     assert unexplained == [], "duplicates not explained by a fault:\n" + timeline(
         requests, unexplained[:5], faults, produced
+    )
+    assert set(ready_during_losses) == {200}, (
+        f"/readyz while one node of three was down: {ready_during_losses} (the cluster stays "
+        "reachable, so the bridge stays ready)"
     )
     for bridge in replicas_running[1:]:
         assert alive(bridge), f"a bridge replica died:\n{bridge.log_tail(40)}"
