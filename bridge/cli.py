@@ -202,17 +202,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if args.offline:
         return EXIT_OK
-    from bridge.kafka.security import KafkaSecurityError, probe_cluster
-
-    try:
-        metadata = probe_cluster({**config.kafka_settings(), "log_level": 0}, args.timeout)
-    except KafkaSecurityError as exc:
-        raise CliError(str(exc), hint=SECURITY_HINT) from exc
-    except Exception as exc:
-        raise CliError(
-            f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
-            hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
-        ) from exc
+    metadata = reach_kafka(config, args.timeout)
     if config.schemas.mode == "registry":
         _check_registry(config)
     needed = [
@@ -228,6 +218,23 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"missing topics: {', '.join(missing)}", hint="run `bridge topics` to create them"
         )
     return EXIT_OK
+
+
+def reach_kafka(config: Config, timeout: float = 10.0) -> Any:
+    """The cluster's metadata, or a one-line CliError at once when the cluster refuses the
+    credentials or certificates (rather than each command's own timeout), or after ``timeout``
+    when it does not answer."""
+    from bridge.kafka.security import KafkaSecurityError, probe_cluster
+
+    try:
+        return probe_cluster({**config.kafka_settings(), "log_level": 0}, timeout)
+    except KafkaSecurityError as exc:
+        raise CliError(str(exc), hint=SECURITY_HINT) from exc
+    except Exception as exc:
+        raise CliError(
+            f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",
+            hint="check kafka.bootstrap_servers or KAFKA_BOOTSTRAP_SERVERS",
+        ) from exc
 
 
 def _check_registry(config: Config) -> None:
@@ -268,6 +275,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    reach_kafka(config)
     admin = AdminClient({**config.kafka_settings(), "log_level": 0})
     try:
         report = apply_plan(admin, plans)
@@ -338,6 +346,7 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
     config = load_config_argument(args)
     selection = _selection(args)
+    reach_kafka(config)
     now = time.time_ns() // 1_000_000
     rows = [letter.row(now) for letter in _dead_letters(config) if selection.matches(letter)]
     if args.limit:
@@ -359,6 +368,7 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
             code=EXIT_USAGE,
         )
     selection = _selection(args)
+    reach_kafka(config)
     letters = [letter for letter in _dead_letters(config) if selection.matches(letter)]
     if not letters:
         print("no dead letters match")

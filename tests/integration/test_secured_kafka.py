@@ -196,12 +196,14 @@ def grant(secured: Secured, principal: str, setup: BridgeSetup) -> None:
     wait_for(granted, 30, interval=0.2, message=f"the ACLs of {user}")
 
 
-def bridge_check(setup: BridgeSetup) -> tuple[int, str, float]:
-    """``bridge check`` against the set-up's file: exit code, output, seconds taken."""
+def bridge_check(setup: BridgeSetup, *command: str) -> tuple[int, str, float]:
+    """``bridge check`` (or ``command``) against the set-up's file: exit code, output, seconds
+    taken."""
     config = str(setup.write_config())
     started = time.monotonic()
+    arguments = command or ("check", "--timeout", str(CHECK_TIMEOUT_S))
     result = subprocess.run(
-        [sys.executable, "-m", "bridge", "check", "-c", config, "--timeout", str(CHECK_TIMEOUT_S)],
+        [sys.executable, "-m", "bridge", *arguments, "-c", config],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -302,6 +304,12 @@ def test_a_refused_connection_is_a_clear_error_in_check_and_at_start(
     assert errors[0].startswith(f"error: Kafka at {kafka['bootstrap_servers']}: {words}")
     assert detail in errors[0]
     assert check_took < CHECK_TIMEOUT_S / 2, f"check took {check_took:.1f}s to report {case}"
+    # The other commands that reach Kafka say the same at once (not after their own timeouts).
+    for command in (("topics",), ("dlq", "list"), ("dlq", "replay", "--all")):
+        code, output, took = bridge_check(setup, *command)
+        assert code == 1, (command, output)
+        assert f"error: Kafka at {kafka['bootstrap_servers']}: {words}" in output, command
+        assert took < CHECK_TIMEOUT_S / 2, f"{command} took {took:.1f}s to report {case}"
 
     started = time.monotonic()
     bridge = setup.start_bridge(wait_assigned=False)
