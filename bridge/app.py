@@ -96,6 +96,7 @@ class App:
     def _on_kafka_error(self, error: Any) -> None:
         if error.code() in BROKER_GONE:
             self.broker_up = False
+            self.metrics.brokers_reachable.set(0)
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 
     def readiness(self) -> dict[str, bool]:

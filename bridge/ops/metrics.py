@@ -373,6 +373,12 @@ class Metrics:
             "Assigned partitions currently paused.",
             registry=registry,
         )
+        self.brokers_reachable = Gauge(
+            "bridge_kafka_brokers_reachable",
+            "Kafka brokers connected and heard from in the last 15 s (librdkafka's statistics, "
+            "every 5 s); 0 when none is.",
+            registry=registry,
+        )
         self.assigned_partitions = Gauge(
             "bridge_assigned_partitions",
             "Partitions assigned to this instance.",
@@ -476,7 +482,8 @@ class Metrics:
                 gauge.remove(topic, str(partition))
 
     def record_statistics(self, stats: dict[str, object]) -> bool:
-        """Update lag and committed offsets from librdkafka statistics; True if a broker is up:
+        """Update lag, committed offsets and the brokers reachable from librdkafka statistics;
+        True if a broker is up:
         connected, and heard from in the last :data:`RX_IDLE_LIMIT_US` (a member of a group hears
         from its coordinator at every heartbeat, 3 s, and a fetching consumer from its brokers at
         least every ``fetch.wait.max.ms``). A connection whose packets are silently dropped (a
@@ -492,9 +499,12 @@ class Metrics:
                 if info.get("committed_offset", -1) >= 0:
                     self.committed_offset.labels(topic, partition).set(info["committed_offset"])
         brokers = stats.get("brokers", {})
-        return any(
-            b.get("state") == "UP"
+        reachable = sum(
+            1
+            for b in (brokers.values() if isinstance(brokers, dict) else ())
+            if b.get("state") == "UP"
             and b.get("nodeid", -1) >= 0
             and b.get("rxidle", -1) < RX_IDLE_LIMIT_US
-            for b in (brokers.values() if isinstance(brokers, dict) else ())
         )
+        self.brokers_reachable.set(reachable)
+        return reachable > 0

@@ -209,6 +209,7 @@ def test_every_alert_is_documented_in_the_runbook() -> None:
         "BridgeConsumerLagGrowing",
         "BridgeNotConsuming",
         "BridgeInstanceDown",
+        "BridgeKafkaUnreachable",
         "BridgeConfigReloadRejected",
     }
     for rule in rules:
