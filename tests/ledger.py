@@ -428,6 +428,7 @@ def redo_lags(
     faults: Sequence[float],
     produced: Mapping[str, float],
     slack: float = 0.5,
+    outages: Sequence[tuple[float, float]] = (),
 ) -> dict[str, float]:
     """For each pair answered 2xx more than once: how long before a fault its work was in flight.
 
@@ -437,7 +438,17 @@ def redo_lags(
     but not yet tried (lag 0: consumed, queued or deferred when the fault struck). A pair's lag
     is that of its worst repeat, ``inf`` when no fault explains it. ``produced`` maps a pair's
     ``webhook-id`` to when its record was produced.
+
+    ``outages`` (start, end) are spans without a broker: nothing can be committed then, so they
+    do not count in a lag (work tried during a broker outage and redone after the next fault is
+    in flight only for the time the broker was back in between).
     """
+
+    def available(start: float, end: float) -> float:
+        """The time from ``start`` to ``end`` outside every outage."""
+        down = sum(max(0.0, min(end, o_end) - max(start, o_start)) for o_start, o_end in outages)
+        return end - start - down
+
     tried: dict[str, list[float]] = {}
     for request in requests:
         tried.setdefault(request.message_id, []).append(request.at)
@@ -452,7 +463,7 @@ def redo_lags(
             later: float, mid: str = mid, first_try: float = first_try, born: float = born
         ) -> float:
             after_a_try = [
-                fault - at
+                available(at, fault) if fault >= at else fault - at
                 for at in tried[mid]
                 if at < later
                 for fault in faults
@@ -470,21 +481,26 @@ def unexplained_duplicates(
     faults: Sequence[float],
     produced: Mapping[str, float],
     window: float,
+    outages: Sequence[tuple[float, float]] = (),
 ) -> list[str]:
     """Pairs answered 2xx more than once that no fault explains (see :func:`redo_lags`).
 
     One fault may explain several repeats: the source record and a delay-topic record of the same
     pair, both uncommitted at a crash, are both redone.
     """
-    lags = redo_lags(requests, faults, produced)
+    lags = redo_lags(requests, faults, produced, outages=outages)
     return sorted(mid for mid, lag in lags.items() if lag > window)
 
 
 def longest_redo_lag(
-    requests: Sequence[Request], faults: Sequence[float], produced: Mapping[str, float]
+    requests: Sequence[Request],
+    faults: Sequence[float],
+    produced: Mapping[str, float],
+    outages: Sequence[tuple[float, float]] = (),
 ) -> float:
     """Over explained duplicates: the longest time work was in flight before its fault."""
-    lags = [lag for lag in redo_lags(requests, faults, produced).values() if lag != float("inf")]
+    every = redo_lags(requests, faults, produced, outages=outages).values()
+    lags = [lag for lag in every if lag != float("inf")]
     return max(lags, default=0.0)
 
 
