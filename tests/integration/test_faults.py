@@ -266,9 +266,9 @@ def test_broker_restart_mid_stream_without_bridge_restart(
     produced = ledger.produced_at(stream.produced_at)
     # The broker down from each stop to its start: a restart may take far longer than the
     # outage asked for (27 s in one run), and nothing can be committed meanwhile.
-    outages = list(zip(faults[::2], faults[1::2], strict=True))
-    unexplained = unexplained_duplicates(requests, faults, produced, COMMIT_WINDOW_S, outages)
-    lag = longest_redo_lag(requests, faults, produced, outages)
+    down = list(zip(faults[::2], faults[1::2], strict=True))
+    unexplained = unexplained_duplicates(requests, faults, produced, COMMIT_WINDOW_S, down)
+    lag = longest_redo_lag(requests, faults, produced, down)
     report(
         capsys,
         verdict.summary(
