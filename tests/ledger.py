@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from bridge.codec.encoding import encode_plain
 from bridge.core.envelope import (
@@ -390,6 +397,18 @@ def wait_quiescent(bootstrap: str, group: str, topics: Sequence[str], timeout: f
         raise AssertionError(f"{exc}; still behind: {behind}") from None
 
 
+_SETTLING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+"""Errors of a cluster settling after a broker restart: reading the dead letters is tried again."""
+
+
 def wait_complete(
     ledger: Ledger,
     requests: Callable[[], list[Request]],
@@ -400,7 +419,14 @@ def wait_complete(
     verdicts: list[Verdict] = []
 
     def complete() -> bool:
-        verdicts[:] = [ledger.verdict(requests(), reader.read())]
+        try:
+            letters = reader.read()
+        except KafkaException as exc:  # a broker just restarted may not lead its partitions yet
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _SETTLING):
+                raise
+            return False  # what was read is kept: the next turn reads on from there
+        verdicts[:] = [ledger.verdict(requests(), letters)]
         return verdicts[0].complete
 
     try:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tests.ledger import Request, unexplained_duplicates
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from tests.ledger import Request, unexplained_duplicates, wait_complete
 
 WINDOW = 10.0
 
@@ -27,3 +33,32 @@ def test_a_repeat_long_after_the_broker_came_back_is_still_unexplained() -> None
     outages = [(100.0, 105.0)]
     requests = [Request("msg_b", 200, 30.0), Request("msg_b", 200, 110.0)]
     assert unexplained_duplicates(requests, faults, {"msg_b": 29.0}, WINDOW, outages) == ["msg_b"]
+
+
+class FlakyReader:
+    """A dead-letter reader whose first reads fail as a just-restarted broker makes them."""
+
+    def __init__(self, failures: list[KafkaError]) -> None:
+        self.failures = failures
+        self.reads = 0
+
+    def read(self) -> list[Any]:
+        self.reads += 1
+        if self.failures:
+            raise KafkaException(self.failures.pop(0))
+        return []
+
+
+def test_waiting_for_the_outcomes_reads_on_through_a_settling_cluster() -> None:
+    done = SimpleNamespace(verdict=lambda _requests, _letters: SimpleNamespace(complete=True))
+    settling = [KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), KafkaError(KafkaError._TRANSPORT)]
+    reader = FlakyReader(settling)
+    wait_complete(done, list, reader, timeout=10)  # type: ignore[arg-type]
+    assert reader.reads == 3
+    with pytest.raises(KafkaException):  # anything else is not waited out
+        wait_complete(
+            done,  # type: ignore[arg-type]
+            list,
+            FlakyReader([KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)]),  # type: ignore[arg-type]
+            timeout=10,
+        )
