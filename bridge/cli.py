@@ -136,6 +136,24 @@ def _registry_admits(config: Config) -> bool:
     """At start: False (said, with a hint) when the schema registry refuses the credentials,
     which no retry mends. A registry that cannot answer now is only logged: the records that
     need it hold their partitions until it does."""
+    refused, unavailable = _probe_registry(config)
+    if refused is not None:
+        logging.getLogger("bridge.app").error(
+            "registry.refused", extra={"fields": {"error": refused}}
+        )
+        print(f"error: {refused}\nhint: {REGISTRY_HINT}", file=sys.stderr, flush=True)
+        return False
+    if unavailable is not None:
+        logging.getLogger("bridge.app").warning(
+            "registry.unavailable", extra={"fields": {"error": unavailable, "at": "start"}}
+        )
+    return True
+
+
+def _probe_registry(config: Config) -> tuple[str | None, str | None]:
+    """Ask the schema registry for its subjects with the configured credentials (``bridge
+    check``, and ``bridge run`` at start): why it refused them, or why it cannot answer (each
+    None when not so)."""
     from bridge.codec.build import registry_client
     from bridge.codec.registry import RegistryRefusedError
     from bridge.core.errors import RegistryUnavailableError
@@ -144,16 +162,10 @@ def _registry_admits(config: Config) -> bool:
         try:
             client.probe()
         except RegistryRefusedError as exc:
-            logging.getLogger("bridge.app").error(
-                "registry.refused", extra={"fields": {"error": str(exc)}}
-            )
-            print(f"error: {exc}\nhint: {REGISTRY_HINT}", file=sys.stderr, flush=True)
-            return False
+            return str(exc), None
         except RegistryUnavailableError as exc:
-            logging.getLogger("bridge.app").warning(
-                "registry.unavailable", extra={"fields": {"error": str(exc), "at": "start"}}
-            )
-    return True
+            return None, str(exc)
+    return None, None
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
@@ -239,18 +251,14 @@ def reach_kafka(config: Config, timeout: float = 10.0) -> Any:
 
 def _check_registry(config: Config) -> None:
     """``bridge check``: the schema registry answers, with the configured credentials."""
-    from bridge.codec.build import registry_client
-    from bridge.codec.registry import RegistryRefusedError
-    from bridge.core.errors import RegistryUnavailableError
+    refused, unavailable = _probe_registry(config)
+    if refused is not None:
+        raise CliError(refused, hint=REGISTRY_HINT)
+    if unavailable is not None:
+        raise CliError(unavailable, hint="check schemas.registry_url")
+    from bridge.codec.registry import display_url
 
-    with registry_client(config) as client:
-        try:
-            client.probe()
-        except RegistryRefusedError as exc:
-            raise CliError(str(exc), hint=REGISTRY_HINT) from None
-        except RegistryUnavailableError as exc:
-            raise CliError(str(exc), hint="check schemas.registry_url") from None
-    print(f"schema registry: answering at {client.base_url}")
+    print(f"schema registry: answering at {display_url(config.schemas.registry_url or '')}")
 
 
 def cmd_topics(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
@@ -582,6 +582,35 @@ class Cluster:
             thread.start()
         for thread in threads:
             thread.join()
+
+
+def group_positions(
+    bootstrap: str, group: str, topics: Sequence[str]
+) -> dict[str, tuple[int, int]]:
+    """Per partition of ``topics`` (``topic/partition``): ``group``'s committed offset (the low
+    watermark where nothing is committed) and the high watermark."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    try:
+        partitions = []
+        for topic in topics:
+            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+            partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        positions = {}
+        for tp in consumer.committed(partitions, timeout=10):
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            positions[f"{tp.topic}/{tp.partition}"] = (tp.offset if tp.offset >= 0 else low, high)
+        return positions
+    finally:
+        consumer.close()
 
 
 def _wait_until_ready(bootstrap: str, process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -71,7 +71,7 @@ from devtools.bench import (
     process_cpu_seconds,
 )
 from devtools.bench_metrics import _answers, applied_reloads, metrics_url, write_atomically
-from devtools.devkafka import CACHE, Broker, BrokerError
+from devtools.devkafka import CACHE, Broker, BrokerError, group_positions
 
 REPO = Path(__file__).resolve().parents[1]
 RSS_SLOPE_LIMIT_MB_PER_H = 10.0
@@ -537,22 +537,8 @@ def consumed_topics(source: str) -> list[str]:
 def consumer_lag(bootstrap: str, group: str, topics: Sequence[str]) -> dict[str, int]:
     """Per partition of ``topics``: the high watermark minus ``group``'s committed offset (the
     low watermark where nothing is committed)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **QUIET}
-    )
-    try:
-        partitions = []
-        for topic in topics:
-            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-            partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
-        lag = {}
-        for tp in consumer.committed(partitions, timeout=10):
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            committed = tp.offset if tp.offset >= 0 else low
-            lag[f"{tp.topic}/{tp.partition}"] = max(0, high - committed)
-        return lag
-    finally:
-        consumer.close()
+    positions = group_positions(bootstrap, group, topics)
+    return {tp: max(0, high - committed) for tp, (committed, high) in positions.items()}
 
 
 def read_dead_letters(

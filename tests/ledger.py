@@ -45,6 +45,7 @@ from bridge.core.envelope import (
 )
 from bridge.core.mapping import EVENT_FAILED, EVENT_SUCCESS
 from bridge.core.signing import message_id
+from devtools.devkafka import group_positions
 from tests.bridge_harness import SCHEMA
 from tests.kafka_helpers import QUIET, unique_name, wait_for
 from tests.receiver import Receiver
@@ -364,23 +365,11 @@ class DeadLetterReader:
 
 def committed_everything(bootstrap: str, group: str, topics: Sequence[str]) -> list[str]:
     """The partitions of ``topics`` whose committed offset for ``group`` is behind the end."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **QUIET}
-    )
-    try:
-        partitions = []
-        for topic in topics:
-            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-            partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
-        behind = []
-        for tp in consumer.committed(partitions, timeout=10):
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
-            committed = tp.offset if tp.offset >= 0 else low
-            if committed < high:
-                behind.append(f"{tp.topic}/{tp.partition}: {committed} < {high}")
-        return behind
-    finally:
-        consumer.close()
+    return [
+        f"{tp}: {committed} < {high}"
+        for tp, (committed, high) in group_positions(bootstrap, group, topics).items()
+        if committed < high
+    ]
 
 
 def wait_quiescent(bootstrap: str, group: str, topics: Sequence[str], timeout: float) -> None:

@@ -137,7 +137,12 @@ class Lane:
         if self._refill() < 1.0:
             return True
         account = self.account
-        return not self.answering and account is not None and account.level() < 1.0
+        return account is not None and self.refused_by_account(account.level())
+
+    def refused_by_account(self, account_credit: float) -> bool:
+        """Whether an account credit of ``account_credit`` refuses this webhook: it is spent and
+        the webhook's last attempt was not answered."""
+        return not self.answering and account_credit < 1.0
 
     def _refill(self) -> float:
         now = time.monotonic()
@@ -277,7 +282,7 @@ class Lane:
             "stalled": self.is_stalled,
             "credit": round(credit, 1),
             "account_credit": round(account, 1),
-            "out_of_credit": credit < 1.0 or (not self.answering and account < 1.0),
+            "out_of_credit": credit < 1.0 or self.refused_by_account(account),
         }
 
 
@@ -352,7 +357,7 @@ class Lanes(dict[str, Lane]):
                 or lane.waiters
                 or lane.is_stalled
                 or lane.credit < 1.0
-                or lane_gated(lane)
+                or (lane.account is not None and lane.refused_by_account(lane.account.credit))
             ):
                 continue  # idle, at a glance (the snapshot below decides for the others)
             state = lane.snapshot()
@@ -363,8 +368,3 @@ class Lanes(dict[str, Lane]):
         for webhook_id in failing.keys() - self.keys():  # failing, no lane: no detail
             rows.append({"id": webhook_id, "failing_since": failing[webhook_id]})
         return rows
-
-
-def lane_gated(lane: Lane) -> bool:
-    """Whether the lane's account credit, last seen, refuses it (a glance: nothing refilled)."""
-    return not lane.answering and lane.account is not None and lane.account.credit < 1.0
