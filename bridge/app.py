@@ -23,6 +23,7 @@ from bridge.engine.pipeline import Pipeline, run_until
 from bridge.http.sender import HttpSender
 from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
 from bridge.kafka.producer import DurableProducer
+from bridge.kafka.security import KafkaFatalError, producer_failure
 from bridge.ops.health import health_app, start_health_server
 from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
@@ -31,6 +32,10 @@ log = logging.getLogger("bridge.app")
 BROKER_GONE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
 """librdkafka errors after which no broker is known to be reachable (readiness turns false)."""
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
+FAILED_GRACE_S = 5.0
+"""The shutdown grace after the producer failed for good (at most ``shutdown_grace_seconds``):
+nothing more can be parked or dead-lettered, so there is nothing to wait for but the commit of
+what is finished."""
 
 
 def bound_port(runner: web.AppRunner) -> int:
@@ -56,6 +61,8 @@ class App:
             webhook_series=config.metrics.webhook_series,
         )
         self.broker_up = False
+        self.failure: KafkaFatalError | None = None  # ends ``run`` (raised after the shutdown)
+        self._loop = asyncio.get_running_loop()  # built inside ``bridge run``'s event loop
         settings = config.kafka_settings()
         self.consumer = ThreadedConsumer(
             consumer_settings(
@@ -71,7 +78,8 @@ class App:
             )
         )
         self.producer = DurableProducer(
-            {**settings, "error_cb": self._on_kafka_error, "logger": LIBRDKAFKA, "log_level": 3}
+            {**settings, "error_cb": self._on_kafka_error, "logger": LIBRDKAFKA, "log_level": 3},
+            on_fatal=self._on_producer_fatal,
         )
         self.sender = HttpSender.from_settings(config.delivery)
         self.pipeline = Pipeline(
@@ -99,6 +107,23 @@ class App:
             self.metrics.brokers_reachable.set(0)
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 
+    def _on_producer_fatal(self, error: KafkaError) -> None:
+        """On a Kafka client's thread: hand the producer's fatal error to the event loop."""
+        self._loop.call_soon_threadsafe(self._producer_failed, error)
+
+    def _producer_failed(self, error: KafkaError) -> None:
+        """The producer can never write again: say so and end the bridge (exit 1), leaving
+        what it could not park or dead-letter uncommitted for whoever consumes next."""
+        if self.failure is not None:
+            return
+        bootstrap = self.config.kafka.bootstrap_servers
+        self.failure = producer_failure(bootstrap, error)
+        log.error(
+            "kafka.producer_failed",
+            extra={"fields": {"bootstrap_servers": bootstrap, "reason": self.failure.failure}},
+        )
+        self.request_stop()
+
     def readiness(self) -> dict[str, bool]:
         """The checks behind ``/readyz``."""
         return {
@@ -106,6 +131,7 @@ class App:
             "broker_reachable": self.broker_up
             or time.monotonic() - self.pipeline.last_message < BROKER_SILENCE_S,
             "consuming": not self.pipeline.stopping,
+            "producing": self.failure is None,
         }
 
     def config_state(self) -> dict[str, object]:
@@ -199,12 +225,17 @@ class App:
             stop_task.cancel()
             watch_task.cancel()
             self.clean = await self._shut_down(runner)
+        if self.failure is not None:
+            raise self.failure
 
     async def _shut_down(self, runner: web.AppRunner) -> bool:
         """Drain, commit, leave the group and flush, all within the shutdown grace period
         whatever the broker does; True when every step finished in time."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.delivery.shutdown_grace_seconds
+        grace = self.config.delivery.shutdown_grace_seconds
+        if self.failure is not None:
+            grace = min(grace, FAILED_GRACE_S)
+        deadline = loop.time() + grace
         unsettled = await self.pipeline.drain(deadline)
         left_group = await run_until(self.consumer.close(), deadline)
         remaining = max(0.0, deadline - loop.time())

@@ -34,10 +34,6 @@ CONFIG_ENV = "BRIDGE_CONFIG"
 REGISTRY_HINT = (
     "check schemas.registry_username and schemas.registry_password (or registry_password_file)"
 )
-SECURITY_HINT = (
-    "check kafka.security_protocol, sasl_* and the ssl.* kafka.properties "
-    "(or KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*)"
-)
 
 
 class CliError(Exception):
@@ -108,7 +104,7 @@ def parse_time(text: str, now: float | None = None) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Consume and deliver until SIGTERM/SIGINT."""
     from bridge.config.reload import load_isolated_primed
-    from bridge.kafka.security import KafkaSecurityError
+    from bridge.kafka.security import KafkaFatalError
     from bridge.ops import logs
 
     config, primer = load_isolated_primed(config_path(args))  # no parse leftovers held
@@ -117,10 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     try:
         clean = run_event_loop(_run_app(config, primer))
-    except KafkaSecurityError as exc:  # logged as kafka.start_failed; no retry can mend it
+    except KafkaFatalError as exc:  # logged as kafka.start_failed or kafka.producer_failed
         # Said here and ended at once: the Kafka clients' threads may still be inside
         # librdkafka, and tearing them down at interpreter exit crashed the process (SIGSEGV).
-        print(f"error: {exc}\nhint: {SECURITY_HINT}", file=sys.stderr, flush=True)
+        print(f"error: {exc}\nhint: {exc.hint}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(EXIT_FAILED)
     if not clean:
@@ -241,7 +237,7 @@ def reach_kafka(config: Config, timeout: float = 10.0) -> Any:
     try:
         return probe_cluster({**config.kafka_settings(), "log_level": 0}, timeout)
     except KafkaSecurityError as exc:
-        raise CliError(str(exc), hint=SECURITY_HINT) from exc
+        raise CliError(str(exc), hint=exc.hint) from exc
     except Exception as exc:
         raise CliError(
             f"Kafka at {config.kafka.bootstrap_servers} is unreachable: {exc}",

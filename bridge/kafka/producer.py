@@ -3,22 +3,40 @@
 confluent-kafka's threaded ``Producer`` (the asyncio producer does not take headers): ``produce``
 is called from the event loop, delivery reports are served by a polling thread and resolve an
 asyncio future. Idempotent, ``acks=all``: an awaited ``send`` means the record is durable.
+
+A *fatal* error (librdkafka's word: the cluster refused the idempotent producer its id, say,
+because the bridge's principal may not write) leaves the producer unable to write ever again.
+The polling thread survives it (and anything else a poll raises), every ``send`` from then on
+fails at once with :class:`ProducerFailedError`, and ``on_fatal`` is told, once: the bridge
+ends, leaving what it could not write uncommitted for the next consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from bridge.core.envelope import Headers
 
+log = logging.getLogger(__name__)
+
 
 class ProduceError(Exception):
     """The broker did not acknowledge a record; the caller tries again."""
+
+
+class ProducerFailedError(ProduceError):
+    """The producer had a fatal error and can never write again (``error`` says which)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        self.error = error
+        super().__init__(f"the producer failed for good: {error.str()}")
 
 
 SETTLE_BATCH = 50
@@ -27,10 +45,18 @@ SETTLE_BATCH = 50
 class DurableProducer:
     """An idempotent producer whose ``send`` completes when the broker has the record."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        on_fatal: Callable[[KafkaError], None] | None = None,
+    ) -> None:
+        self._on_fatal = on_fatal
+        self.fatal: KafkaError | None = None  # set once, on the polling thread
+        self._forward_error: Callable[[KafkaError], None] | None = settings.get("error_cb")
         self._producer = Producer(
             {
                 **settings,
+                "error_cb": self._producer_error,
                 "acks": "all",
                 "enable.idempotence": True,
                 # Nothing written here is urgent (a retry's due time is set before it is
@@ -48,8 +74,34 @@ class DurableProducer:
 
     def _serve(self) -> None:
         while self._running:
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except KafkaException as exc:  # librdkafka raises its fatal error from poll
+                self._failed(exc.args[0])
+            except Exception as exc:  # a callback raised: the reports must still be served
+                log.error(
+                    "producer.poll_failed",
+                    extra={"fields": {"error": type(exc).__name__, "detail": str(exc)[:300]}},
+                )
             self._hand_over()
+
+    def _producer_error(self, error: KafkaError) -> None:
+        """``error_cb``: a fatal error may be reported here rather than raised from poll."""
+        if error.fatal():
+            self._failed(error)
+        if self._forward_error is not None:
+            self._forward_error(error)
+
+    def _failed(self, error: KafkaError) -> None:
+        """A poll raised ``error`` (or reported it): fatal ones end the producer's writing for
+        good."""
+        if not error.fatal():
+            log.warning("producer.poll_error", extra={"fields": {"error": error.str()}})
+            return
+        if self.fatal is None:
+            self.fatal = error
+            if self._on_fatal is not None:
+                self._on_fatal(error)
 
     def _hand_over(self) -> None:
         """Settle the delivery reports gathered by the last poll: one wake-up of the event loop
@@ -63,7 +115,10 @@ class DurableProducer:
     async def send(
         self, topic: str, value: bytes | None, key: bytes | None, headers: Headers
     ) -> None:
-        """Produce one record and wait until the broker acknowledges it (else ProduceError)."""
+        """Produce one record and wait until the broker acknowledges it (else ProduceError;
+        ProducerFailedError at once when the producer had a fatal error)."""
+        if self.fatal is not None:
+            raise ProducerFailedError(self.fatal)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def on_delivery(err: KafkaError | None, _msg: Message) -> None:
@@ -78,6 +133,9 @@ class DurableProducer:
             except BufferError:  # local queue full: let the polling thread drain it
                 await asyncio.sleep(0.01)
             except KafkaException as exc:
+                error = exc.args[0]
+                if self.fatal is not None or error.code() == KafkaError._FATAL:
+                    raise ProducerFailedError(self.fatal or error) from exc
                 raise ProduceError(str(exc)) from exc
         await future
 

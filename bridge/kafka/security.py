@@ -1,5 +1,6 @@
 """Kafka errors that no retry mends: the cluster refused the credentials, the broker's certificate
-is not trusted, or the broker refused the client certificate.
+is not trusted, or the broker refused the client certificate; or the producer had a fatal error
+(the cluster refused it an idempotent producer id: the principal may not write).
 
 librdkafka retries these for ever and reports each attempt to ``error_cb`` only (a metadata
 request just times out as "Broker transport failure"). Recognised here, in one place, they end
@@ -29,15 +30,55 @@ _CERTIFICATE_UNTRUSTED = ("certificate verify failed",)
 _CERTIFICATE_REFUSED = ("alert bad certificate", "alert certificate required", "alert unknown ca")
 
 
-class KafkaSecurityError(BridgeError):
-    """The cluster refused the bridge's credentials, or TLS failed on a certificate: retrying
-    cannot help. The message is one line that names the failure and the broker."""
+CREDENTIALS_HINT = (
+    "check kafka.security_protocol, sasl_* and the ssl.* kafka.properties "
+    "(or KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*)"
+)
+ACL_HINT = (
+    "the bridge's principal needs Read and Write on its topics (one PREFIXED ACL on the source "
+    "topic's name covers them all) and Read on its consumer group: see ACLs in the README"
+)
+RESTART_HINT = (
+    "start the bridge again (Kubernetes does): it gets a new producer, and what it had not "
+    "committed is delivered again"
+)
+_NOT_AUTHORIZED = (
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+)
+
+
+class KafkaFatalError(BridgeError):
+    """Kafka refused the bridge something that no retry mends. The message is one line that
+    names the failure and the cluster; ``hint`` says what to check."""
+
+    reason = "kafka_fatal"
+
+    def __init__(self, bootstrap_servers: str, failure: str, hint: str) -> None:
+        self.failure = failure
+        self.hint = hint
+        super().__init__(f"Kafka at {bootstrap_servers}: {failure}")
+
+
+class KafkaSecurityError(KafkaFatalError):
+    """The cluster refused the bridge's credentials, or TLS failed on a certificate."""
 
     reason = "kafka_security"
 
     def __init__(self, bootstrap_servers: str, failure: str) -> None:
-        self.failure = failure
-        super().__init__(f"Kafka at {bootstrap_servers}: {failure}")
+        super().__init__(bootstrap_servers, failure, CREDENTIALS_HINT)
+
+
+def producer_failure(bootstrap_servers: str, error: KafkaError) -> KafkaFatalError:
+    """The error that ends the bridge when its producer had the fatal error ``error``: most
+    often the cluster refusing the idempotent producer because the principal may not write."""
+    detail = _SUFFIX.sub("", " ".join(str(error.str()).split()))
+    if error.code() in _NOT_AUTHORIZED:
+        failure = f"not authorized to write the bridge's topics; librdkafka said: {detail}"
+        return KafkaFatalError(bootstrap_servers, failure, ACL_HINT)
+    failure = f"the producer failed for good; librdkafka said: {detail}"
+    return KafkaFatalError(bootstrap_servers, failure, RESTART_HINT)
 
 
 def security_failure(error: KafkaError) -> str | None:

@@ -39,8 +39,8 @@ from bridge.kafka.security import security_failure
 from devtools.devkafka import Broker, BrokerSecurity
 from devtools.samples import make_record
 from tests.bridge_harness import REPO, BridgeProcess, BridgeSetup, webhook
-from tests.kafka_helpers import QUIET, wait_for
-from tests.receiver import Receiver
+from tests.kafka_helpers import QUIET, committed_offsets, wait_for
+from tests.receiver import Receiver, fail_first
 
 pytestmark = pytest.mark.integration
 
@@ -155,16 +155,22 @@ def make_setup(
     return setup
 
 
-def grant(secured: Secured, principal: str, setup: BridgeSetup) -> None:
+def grant(
+    secured: Secured,
+    principal: str,
+    setup: BridgeSetup,
+    topic_operations: tuple[AclOperation, ...] = (AclOperation.READ, AclOperation.WRITE),
+) -> None:
     """The ACLs the bridge needs, and no more: read and write its topics (the source's name
-    is the prefix of every one), read its consumer group. Waits until the broker has them."""
+    is the prefix of every one), read its consumer group. Waits until the broker has them.
+    (``topic_operations`` grants less, to see the bridge refused.)"""
     user = f"User:{principal}"
     allow = AclPermissionType.ALLOW
     bindings = [
         AclBinding(
             ResourceType.TOPIC, setup.source, ResourcePatternType.PREFIXED, user, "*", op, allow
         )
-        for op in (AclOperation.READ, AclOperation.WRITE)
+        for op in topic_operations
     ] + [
         AclBinding(
             ResourceType.GROUP,
@@ -332,6 +338,63 @@ def test_a_refused_connection_is_a_clear_error_in_check_and_at_start(
     assert "Traceback" not in text
     assert PASSWORD not in bridge.log_path.read_text()
     print(f"{case}: check exited 1 in {check_took:.1f}s, run {process.returncode} in {took:.1f}s")
+
+
+def test_a_principal_that_may_not_write_ends_the_bridge_and_loses_nothing(
+    secured: Secured, receiver: Receiver, tmp_path: Path
+) -> None:
+    """With Read but no Write on its topics, the cluster refuses the bridge's idempotent
+    producer an id (CLUSTER_AUTHORIZATION_FAILED, fatal in librdkafka: that producer can never
+    write). ``bridge run`` exits 1 within seconds with one line naming it and a hint (it used
+    to run on with a dead polling thread, every retry and dead letter failing for ever), and
+    nothing is committed past a record it did not finish: granted Write, the next start
+    delivers it."""
+    receiver.behaviours["/hook"] = fail_first(1, 503)  # its delivery needs a retry rung
+    env = {"KAFKA_SASL_PASSWORD": PASSWORD}
+    setup = make_setup(secured, receiver, tmp_path, scram_kafka(secured), env=env)
+    grant(secured, SCRAM_USER, setup, topic_operations=(AclOperation.READ,))
+    setup.produce_records([make_record("tx-unwritable", "acct_1", success=True)])
+
+    bridge = setup.start_bridge(wait_assigned=False)
+    process = bridge.process
+    assert process is not None
+    wait_for(
+        lambda: process.poll() is not None,
+        START_FAILURE_S,
+        interval=0.1,
+        message=f"bridge run to exit when it may not write (log: {bridge.log_path})",
+    )
+    assert process.returncode == 1, bridge.log_tail()
+    failed = [json.loads(line) for line in bridge.log_lines() if '"kafka.producer_failed"' in line]
+    assert len(failed) == 1, bridge.log_tail()
+    assert failed[0]["reason"].startswith("not authorized to write the bridge's topics; "), failed
+    assert "Cluster authorization failed" in failed[0]["reason"]
+    text = bridge.log_path.read_text()
+    words = f"error: Kafka at {secured.sasl_ssl}: not authorized to write the bridge's topics"
+    assert words in text
+    assert "hint: the bridge's principal needs Read and Write on its topics" in text
+    assert "Traceback" not in text
+    assert PASSWORD not in text
+    assert committed_offsets(secured.tools, setup.group, setup.source)[0] <= 0, (
+        "committed past a record whose retry could not be written"
+    )
+
+    grant(secured, SCRAM_USER, setup)  # now Write as well
+    bridge = setup.start_bridge()
+
+    def delivered() -> bool:
+        return any(
+            200 <= request.status < 300
+            and json.loads(request.body)["transactionId"] == "tx-unwritable"
+            for request in receiver.on("/hook")
+        )
+
+    wait_for(
+        delivered,
+        60,
+        message="the record delivered once the principal may write",
+    )
+    assert bridge.terminate() == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,136 @@
+"""The durable producer's polling thread survives what a poll raises; a fatal error ends its
+writing for good, said once, and every ``send`` after it fails at once (no broker: the inner
+librdkafka producer is swapped for a stand-in whose ``poll`` raises)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from bridge.kafka.producer import DurableProducer, ProducerFailedError
+from bridge.kafka.security import ACL_HINT, RESTART_HINT, producer_failure
+from tests.kafka_helpers import wait_for
+
+NOWHERE = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}  # never connects in time
+
+
+class Raising:
+    """Stands in for librdkafka's producer: each poll raises the next of ``raises`` (then
+    returns), produce raises like a producer after a fatal error."""
+
+    def __init__(self, *raises: BaseException) -> None:
+        self.raises = list(raises)
+        self.polls = 0
+        self.produced = 0
+        self.lock = threading.Lock()
+
+    def poll(self, _timeout: float) -> int:
+        with self.lock:
+            self.polls += 1
+            if self.raises:
+                raise self.raises.pop(0)
+        return 0
+
+    def produce(self, *_args: Any, **_kwargs: Any) -> None:
+        self.produced += 1
+        raise KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce message"))
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+def fatal(code: int = KafkaError.CLUSTER_AUTHORIZATION_FAILED) -> KafkaException:
+    return KafkaException(KafkaError(code, "Failed to acquire idempotence PID", fatal=True))
+
+
+def swapped(stand_in: Raising, told: list[KafkaError]) -> DurableProducer:
+    producer = DurableProducer(NOWHERE, on_fatal=told.append)
+    producer._producer = stand_in  # type: ignore[assignment]  # the thread reads it each turn
+    return producer
+
+
+def test_a_fatal_error_is_told_once_and_every_send_then_fails_at_once() -> None:
+    told: list[KafkaError] = []
+    stand_in = Raising(fatal(), fatal())
+    producer = swapped(stand_in, told)
+    try:
+        wait_for(lambda: stand_in.polls > 5, 10, message="the thread to poll on after the errors")
+        assert [error.code() for error in told] == [KafkaError.CLUSTER_AUTHORIZATION_FAILED]
+        assert producer.fatal is told[0]
+        with pytest.raises(ProducerFailedError, match="Failed to acquire idempotence PID"):
+            asyncio.run(producer.send("topic", b"v", b"k", []))
+        assert stand_in.produced == 0, "nothing is handed to a producer that cannot write"
+    finally:
+        assert producer.close(1) == 0
+
+
+def test_a_fatal_error_met_first_by_produce_fails_that_send_as_fatal() -> None:
+    """librdkafka can refuse a produce before the polling thread has heard of the error."""
+    told: list[KafkaError] = []
+    stand_in = Raising()
+    producer = swapped(stand_in, told)
+    try:
+        with pytest.raises(ProducerFailedError):
+            asyncio.run(producer.send("topic", b"v", None, []))
+        assert stand_in.produced == 1
+    finally:
+        producer.close(1)
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        RuntimeError("a delivery callback raised"),
+        KafkaException(KafkaError(KafkaError._TRANSPORT, "not fatal")),
+        ValueError("anything else"),
+    ],
+)
+def test_the_polling_thread_survives_anything_a_poll_raises(raised: BaseException) -> None:
+    told: list[KafkaError] = []
+    stand_in = Raising(raised, raised)
+    producer = swapped(stand_in, told)
+    try:
+        wait_for(lambda: stand_in.polls > 5, 10, message="the thread to poll on after the errors")
+        assert told == [] and producer.fatal is None
+    finally:
+        producer.close(1)
+
+
+def test_a_fatal_error_reported_to_error_cb_counts_too() -> None:
+    """confluent-kafka may hand a fatal error to ``error_cb`` rather than raise it from poll:
+    the producer's own ``error_cb`` notes it, then calls the one it was given."""
+    told: list[KafkaError] = []
+    forwarded: list[KafkaError] = []
+    producer = DurableProducer({**NOWHERE, "error_cb": forwarded.append}, on_fatal=told.append)
+    try:
+        error = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence", fatal=True)
+        producer._producer_error(error)
+        producer._producer_error(error)
+        assert told == [error]
+        assert [e for e in forwarded if e.fatal()] == [error, error]  # (and the real ones)
+    finally:
+        producer.close(1)
+
+
+def test_the_failure_names_what_to_grant_or_says_to_restart() -> None:
+    refused = producer_failure(
+        "kafka:9094",
+        KafkaError(
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+            "Failed to acquire idempotence PID from broker sasl_ssl://kafka:9094/1: "
+            "Broker: Cluster authorization failed",
+            fatal=True,
+        ),
+    )
+    assert str(refused).startswith("Kafka at kafka:9094: not authorized to write the bridge's ")
+    assert "Cluster authorization failed" in str(refused)
+    assert refused.hint == ACL_HINT
+    other = producer_failure(
+        "kafka:9094", KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "seq", fatal=True)
+    )
+    assert str(other) == "Kafka at kafka:9094: the producer failed for good; librdkafka said: seq"
+    assert other.hint == RESTART_HINT
