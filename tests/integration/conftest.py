@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.bridge_harness import BridgeSetup, setups
+from tests.bridge_harness import BridgeProcess, BridgeSetup, setups
+from tests.prometheus_server import Prometheus
 from tests.receiver import Receiver
+from tests.unit.test_prometheus_rules import ALERTS
 
 
 @pytest.fixture
@@ -25,3 +27,24 @@ def receiver() -> Iterator[Receiver]:
 def bridge_setup(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., BridgeSetup]]:
     """Make a set-up (own topics, group, config) for webhooks; bridges are stopped at the end."""
     yield from setups(kafka_bootstrap, tmp_path)
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., Prometheus]]:
+    """Start Prometheus scraping a bridge, evaluating ``rule_files`` (the alert rules unless
+    told otherwise); every server started is stopped at the end."""
+    started: list[Prometheus] = []
+
+    def start(bridge: BridgeProcess, rule_files: tuple[Path, ...] = (ALERTS,)) -> Prometheus:
+        folder = tmp_path / f"prometheus-{len(started)}"
+        folder.mkdir()
+        server = Prometheus(folder, bridge.port, rule_files)
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

@@ -64,7 +64,9 @@ from tests.ledger import (
     wait_complete,
     wait_quiescent,
 )
+from tests.prometheus_server import JOB, QUICK, Prometheus, quick_copy
 from tests.receiver import Answer, Receiver, always, fail_first
+from tests.unit.test_prometheus_rules import ALERTS
 
 pytestmark = pytest.mark.integration
 
@@ -213,13 +215,36 @@ def readiness_drops(bridge: BridgeProcess, until: float) -> bool:
     return False
 
 
+UNREACHABLE = "BridgeKafkaUnreachable"
+
+
+def unreachable_alert(server: Prometheus, until: float) -> dict[str, str]:
+    """BridgeKafkaUnreachable's states in Prometheus (``quick`` copy and ``real`` rule) once the
+    quick copy fires, or as they are at ``until`` (monotonic)."""
+    states: dict[str, str] = {}
+    while time.monotonic() < until:
+        states = {
+            alert["labels"].get("copy", "real"): alert["state"]
+            for alert in server.alerts(UNREACHABLE)
+        }
+        if states.get(QUICK) == "firing":
+            break
+        time.sleep(0.5)
+    return states
+
+
 def test_broker_restart_mid_stream_without_bridge_restart(
     receiver: Receiver,
     bridge_setup: Setup,
     broker: Broker | None,
     seed: int,
     capsys: pytest.CaptureFixture[str],
+    prometheus: Callable[..., Prometheus],
+    tmp_path: Path,
 ) -> None:
+    """... and the broker loss in Prometheus: BridgeKafkaUnreachable's expression is true in the
+    real Prometheus scraping this bridge (a copy of the rule with ``for: 5s`` fires, the real
+    one is pending) while the broker is down for over 30 s, and neither is active after."""
     assert broker is not None, (
         "this scenario stops and restarts the broker, so it needs the broker the test session "
         "starts itself: unset KAFKA_BOOTSTRAP_SERVERS to run it"
@@ -240,12 +265,15 @@ def test_broker_restart_mid_stream_without_bridge_restart(
     ledger.expect(records)
 
     bridge = setup.start_bridge()
+    server = prometheus(bridge, (ALERTS, quick_copy(tmp_path, UNREACHABLE, "5s")))
+    wait_for(lambda: server.query(f'up{{job="{JOB}"}} == 1'), 30, message="Prometheus to scrape")
     duration = sum(outages) + 10.0 * len(outages)
     stream = StreamProducer(setup.bootstrap, setup.source, encoded(records), duration)
     stream.start()
     faults = []
     unready_seen = []  # per long outage: did /readyz ever answer 503 while the broker was down?
     reachable_when_unready = []  # bridge_kafka_brokers_reachable just after /readyz said 503
+    alerted = []  # per long outage: BridgeKafkaUnreachable's states in Prometheus
     for outage in outages:
         time.sleep(rng.uniform(2.0, 5.0))  # spaces the injected faults
         faults.append(time.time())
@@ -255,6 +283,7 @@ def test_broker_restart_mid_stream_without_bridge_restart(
             if outage > 20:
                 unready_seen.append(readiness_drops(bridge, back - 2.0))
                 reachable_when_unready.append(bridge.gauge("bridge_kafka_brokers_reachable"))
+                alerted.append(unreachable_alert(server, back - 0.5))
             time.sleep(max(0.0, back - time.monotonic()))  # the rest of the outage
         finally:
             broker.start(fresh=False)
@@ -302,6 +331,16 @@ def test_broker_restart_mid_stream_without_bridge_restart(
         lambda: bridge.gauge("bridge_kafka_brokers_reachable") >= 1,
         30,
         message="bridge_kafka_brokers_reachable back to 1",
+    )
+    # ... and so does the alert in the real Prometheus: it fired during the outage, resolved after.
+    assert alerted and all(states == {QUICK: "firing", "real": "pending"} for states in alerted), (
+        f"{UNREACHABLE} during the outages of over 30 s: {alerted}"
+    )
+    wait_for(
+        lambda: server.alerts(UNREACHABLE) == [],
+        60,
+        interval=0.5,
+        message=f"{UNREACHABLE} to resolve once the broker is back",
     )
 
 

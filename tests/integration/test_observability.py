@@ -12,27 +12,18 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import signal
-import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import yaml
 
 from bridge.ops.metrics import OTHER
-from devtools.devkafka import free_port
 from devtools.samples import make_record
 from tests.bridge_harness import BridgeProcess, BridgeSetup, webhook
 from tests.kafka_helpers import wait_for
+from tests.prometheus_server import JOB, Prometheus
 from tests.receiver import Receiver, always
 from tests.unit.test_prometheus_rules import (
-    ALERTS,
     dashboard_panels,
     dashboard_variables,
     label_values_as_promql,
@@ -42,7 +33,6 @@ from tests.unit.test_prometheus_rules import (
 
 pytestmark = pytest.mark.integration
 
-JOB = "transaction-webhook-bridge"  # the scrape job the alert rules expect
 RANGE = "30s"  # stands for Grafana's $__rate_interval, $__interval and $__range
 WHOLE_TEST = "10m"  # a range covering all the traffic of the test, for checking values
 RECORDS = 4
@@ -65,119 +55,6 @@ def grafana_to_promql(expr: str, window: str = RANGE) -> str:
     )
     assert "$" not in query, f"unsubstituted variable in {query!r}"
     return query
-
-
-class Prometheus:
-    """A Prometheus server process on loopback, scraping the bridge and evaluating the alerts."""
-
-    def __init__(self, workdir: Path, target_port: int) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.fail(
-                "prometheus is not installed: run `sh deploy/prometheus/ensure-prometheus.sh` "
-                "(installs Debian's prometheus package)",
-                pytrace=False,
-            )
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / "prometheus.log"
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "global": {
-                        "scrape_interval": "1s",
-                        "scrape_timeout": "1s",
-                        "evaluation_interval": "1s",
-                    },
-                    "rule_files": [str(ALERTS)],
-                    "scrape_configs": [
-                        {
-                            "job_name": JOB,
-                            "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}],
-                        }
-                    ],
-                }
-            )
-        )
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-            )
-
-    def wait_ready(self) -> None:
-        """Wait until the server answers ``/-/ready`` (it has loaded its configuration)."""
-        wait_for(self._ready, 30, message=f"Prometheus to be ready (log: {self.log_path})")
-
-    def _ready(self) -> bool:
-        self._check_alive()
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def _check_alive(self) -> None:
-        if self.process.poll() is not None:
-            log = self.log_path.read_text(errors="replace")[-3000:]
-            raise AssertionError(f"Prometheus exited with {self.process.returncode}:\n{log}")
-
-    def api(self, path: str, **params: str) -> Any:
-        """GET an HTTP API path; returns ``data``, fails with Prometheus's error message."""
-        self._check_alive()
-        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                body = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            body = json.loads(exc.read() or b"{}")
-        assert body.get("status") == "success", f"{path} {params}: {body}"
-        assert not body.get("warnings"), f"{path} {params}: {body['warnings']}"
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Evaluate an instant query; fails on any error or warning."""
-        data = self.api("query", query=expr)
-        assert data["resultType"] == "vector", f"{expr}: {data}"
-        result: list[dict[str, Any]] = data["result"]
-        return result
-
-    def stop(self) -> None:
-        """SIGTERM, wait, and SIGKILL if it does not stop."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@pytest.fixture
-def prometheus(tmp_path: Path) -> Iterator[Callable[[BridgeProcess], Prometheus]]:
-    """Start Prometheus scraping a bridge; every server started is stopped at the end."""
-    started: list[Prometheus] = []
-
-    def start(bridge: BridgeProcess) -> Prometheus:
-        server = Prometheus(tmp_path, bridge.port)
-        started.append(server)
-        server.wait_ready()
-        return server
-
-    try:
-        yield start
-    finally:
-        for server in started:
-            server.stop()
 
 
 def labels_of(result: list[dict[str, Any]], label: str) -> set[str]:
@@ -319,13 +196,11 @@ def test_dashboard_and_alert_queries_on_a_real_prometheus(
         (rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"
     ]
 
-    def dead_letter_alerts() -> list[dict[str, Any]]:
-        return [
-            alert
-            for alert in server.api("alerts")["alerts"]
-            if alert["labels"]["alertname"] == "BridgeDeadLetters" and alert["state"] == "firing"
-        ]
-
-    firing = wait_for(dead_letter_alerts, 30, interval=0.5, message="BridgeDeadLetters to fire")
+    firing = wait_for(
+        lambda: server.alerts("BridgeDeadLetters", "firing"),
+        30,
+        interval=0.5,
+        message="BridgeDeadLetters to fire",
+    )
     assert {alert["labels"]["reason"] for alert in firing} == {"retries_exhausted"}
     assert firing[0]["annotations"]["runbook_url"].endswith("#bridgedeadletters")
