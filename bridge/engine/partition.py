@@ -15,6 +15,7 @@ loop looks at those only, not at every partition assigned.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
@@ -178,6 +179,12 @@ class Partitions:
     def select(self, tps: Iterable[TP]) -> list[PartitionState]:
         """The states of those of ``tps`` that are assigned here."""
         return [state for tp in tps if (state := self._states.get(tp)) is not None]
+
+    def commit_ages(self) -> list[tuple[str, int, float]]:
+        """(topic, partition, seconds) for each partition: how long its commit has been held
+        back by unfinished records (:meth:`OffsetTracker.commit_age`)."""
+        now = time.monotonic()
+        return [(*state.tp, state.tracker.commit_age(now)) for state in self._states.values()]
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """Every task of every partition."""

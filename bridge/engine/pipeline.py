@@ -78,6 +78,8 @@ class Pipeline:
         self.policy = RetryPolicy.from_config(config)
         self.source_topic = config.topics.source
         self.partitions = Partitions()
+        metrics.commit_ages.ages = self.partitions.commit_ages
+        metrics.name_rungs(self.policy.delay_topics, self.policy.parked_topic)
         self.rebalance = Rebalance(consumer, self.partitions, metrics)
         self.in_flight = InFlight(config.delivery.max_in_flight, metrics)
         self.lanes = Lanes(config.retry.first_delay_ms / 1000, hurry=self.in_flight.at_limit)

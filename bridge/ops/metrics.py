@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
 from bridge import __version__
@@ -249,6 +250,26 @@ class _Unrecorded:
         pass
 
 
+class CommitAges:
+    """``bridge_commit_age_seconds``, read at each scrape from ``ages`` (set by the engine):
+    per assigned partition, how long its commit has been held back by unfinished records."""
+
+    def __init__(self) -> None:
+        self.ages: Callable[[], Iterable[tuple[str, int, float]]] = tuple
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "bridge_commit_age_seconds",
+            "Seconds since the committed position of each assigned partition last moved while "
+            "records taken from it are unfinished; 0 when none is (the retry rungs hold theirs "
+            "until due).",
+            labels=["topic", "partition"],
+        )
+        for topic, partition, age in self.ages():
+            family.add_metric([topic, str(partition)], round(age, 3))
+        yield family
+
+
 class Metrics:
     """Every metric the bridge exports, registered on ``registry``.
 
@@ -396,6 +417,17 @@ class Metrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.ladder_depth = Gauge(
+            "bridge_retry_ladder_depth",
+            "Deliveries waiting in each rung of the retry ladder (rung 1.., and parked): the lag "
+            "of the rung's delay-topic partitions assigned here (librdkafka's statistics).",
+            ["rung"],
+            registry=registry,
+        )
+        self._rung_of: dict[str, str] = {}  # delay topic -> rung label (name_rungs)
+        self.commit_ages = CommitAges()
+        if enabled:
+            registry.register(self.commit_ages)
         self.config_reloads = Counter(
             "bridge_config_reloads",
             "Configuration reloads by result (applied or rejected).",
@@ -481,6 +513,13 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 gauge.remove(topic, str(partition))
 
+    def name_rungs(self, delay_topics: Iterable[str], parked_topic: str) -> None:
+        """Which topic is which rung, for ``bridge_retry_ladder_depth`` (each at 0 at first)."""
+        self._rung_of = {topic: str(rung) for rung, topic in enumerate(delay_topics, 1)}
+        self._rung_of[parked_topic] = "parked"
+        for rung in self._rung_of.values():
+            self.ladder_depth.labels(rung).set(0)
+
     def record_statistics(self, stats: dict[str, object]) -> bool:
         """Update lag, committed offsets and the brokers reachable from librdkafka statistics;
         True if a broker is up:
@@ -490,14 +529,19 @@ class Metrics:
         network cut) stays "UP" until librdkafka's requests time out, a minute by default; its
         silence shows at once."""
         topics = stats.get("topics", {})
+        depth = dict.fromkeys(self._rung_of.values(), 0)
         for topic, data in topics.items() if isinstance(topics, dict) else ():
             for partition, info in data.get("partitions", {}).items():
                 if partition == "-1" or not info.get("desired"):
                     continue
                 if info.get("consumer_lag", -1) >= 0:
                     self.consumer_lag.labels(topic, partition).set(info["consumer_lag"])
+                    if topic in self._rung_of:
+                        depth[self._rung_of[topic]] += info["consumer_lag"]
                 if info.get("committed_offset", -1) >= 0:
                     self.committed_offset.labels(topic, partition).set(info["committed_offset"])
+        for rung, waiting in depth.items():
+            self.ladder_depth.labels(rung).set(waiting)
         brokers = stats.get("brokers", {})
         reachable = sum(
             1

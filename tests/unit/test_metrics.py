@@ -119,6 +119,34 @@ def test_statistics_set_lag_and_committed_offsets_and_broker_state() -> None:
     )
 
 
+def test_ladder_depth_is_the_lag_of_each_rungs_partitions_assigned_here() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.name_rungs(["tx.retry.1", "tx.retry.2"], "tx.parked")
+
+    def depth(rung: str) -> float | None:
+        return registry.get_sample_value("bridge_retry_ladder_depth", {"rung": rung})
+
+    assert [depth(rung) for rung in ("1", "2", "parked")] == [0, 0, 0]
+    partitions = {
+        "0": {"desired": True, "consumer_lag": 4},
+        "1": {"desired": True, "consumer_lag": 5},
+        "2": {"desired": False, "consumer_lag": 100},  # not assigned here: another's to count
+    }
+    metrics.record_statistics(
+        {
+            "topics": {
+                "tx": {"partitions": {"0": {"desired": True, "consumer_lag": 1000}}},
+                "tx.retry.1": {"partitions": partitions},
+                "tx.parked": {"partitions": {"0": {"desired": True, "consumer_lag": 2}}},
+            }
+        }
+    )
+    assert [depth(rung) for rung in ("1", "2", "parked")] == [9, 0, 2]
+    metrics.record_statistics({"topics": {}})  # every partition revoked: nothing waits here
+    assert [depth(rung) for rung in ("1", "2", "parked")] == [0, 0, 0]
+
+
 def test_no_broker_up_means_unreachable() -> None:
     metrics = Metrics(CollectorRegistry())
     assert metrics.record_statistics({"brokers": {"boot": {"state": "UP", "nodeid": -1}}}) is False
@@ -131,6 +159,18 @@ def test_disabled_metrics_record_nothing_but_build_info() -> None:
     metrics.request_duration.labels("hook").observe(0.1)
     names = {sample.name for family in registry.collect() for sample in family.samples}
     assert names == {"bridge_build_info"}
+
+
+def test_commit_ages_are_read_at_each_scrape_one_series_per_partition() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    ages = [("tx", 0, 12.3456), ("tx.retry.1", 2, 0.0)]
+    metrics.commit_ages.ages = lambda: ages
+    text = generate_latest(registry).decode()
+    assert 'bridge_commit_age_seconds{partition="0",topic="tx"} 12.346' in text
+    assert 'bridge_commit_age_seconds{partition="2",topic="tx.retry.1"} 0.0' in text
+    ages = [("tx", 0, 1.0)]  # a partition revoked: its series goes with it
+    assert "tx.retry.1" not in generate_latest(registry).decode()
 
 
 # ---- bounded series ----------------------------------------------------------------------------

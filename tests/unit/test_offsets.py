@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,6 +34,29 @@ def test_unknown_offsets_are_ignored() -> None:
     tracker.started(3)
     assert tracker.finished(1) is False
     assert tracker.committable is None
+
+
+def test_commit_age_counts_while_records_hold_the_commit_and_restarts_when_it_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    tracker = OffsetTracker()
+    assert tracker.commit_age(now[0]) == 0.0, "nothing taken: nothing held"
+    tracker.started(0)
+    tracker.started(1)
+    now[0] = 130.0
+    tracker.finished(1)  # out of order: the commit does not move
+    assert tracker.commit_age(now[0]) == 30.0
+    tracker.finished(0)  # both done: nothing held any more
+    assert tracker.commit_age(now[0]) == 0.0
+    now[0] = 200.0
+    tracker.started(2)  # work begins to wait now, not when the commit last moved (at 130)
+    tracker.started(3)
+    now[0] = 205.0
+    tracker.finished(2)  # the commit moves, 3 still holds it from here
+    now[0] = 212.0
+    assert tracker.commit_age(now[0]) == 7.0
 
 
 @given(st.permutations(list(range(30))))
