@@ -48,8 +48,12 @@ Behaviour a receiver and an operator can rely on:
   of its heaps (:class:`_Trimmer`).
 - A connection idle for more than ``idle_timeout`` seconds (4 s, below the keep-alive timeout of
   common servers: Node.js 5 s, nginx 75 s) is not reused, so a request rarely meets a connection
-  the server is closing. Nothing is ever sent twice here: each attempt is one request, and a
-  failure is reported for the retry ladder to handle.
+  the server is closing; a timer closes it then, whether or not its origin is used again. At most
+  ``max_idle`` connections are idle at once, across every origin (the bridge gives it
+  ``delivery.max_in_flight``: more could never be busy at once); past it the one idle longest
+  is closed. So the sockets held between deliveries stay bounded however many hosts the
+  webhooks name (:class:`_Pools`). Nothing is ever sent twice here: each attempt is one
+  request, and a failure is reported for the retry ladder to handle.
 - Response heads larger than ``header_limit`` bytes and malformed responses are
   ``invalid_response``.
 - :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and
@@ -185,7 +189,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(
         self,
-        pool: list[_Connection],
+        pools: _Pools,
+        key: _Origin,
         live: set[_Connection],
         header_limit: int,
         body_limit: int,
@@ -197,7 +202,8 @@ class _Connection(asyncio.Protocol):
         self.sessions = sessions  # where to keep this connection's TLS session, until it is kept
         self.host = host
         self.exchanges = 0  # requests sent on this connection
-        self.pool = pool
+        self.pools = pools
+        self.key = key  # the pool it goes back to
         self.live = live  # every open connection of the client, for close()
         self.header_limit = header_limit
         self.body_limit = body_limit
@@ -309,8 +315,7 @@ class _Connection(asyncio.Protocol):
                 if self.sessions is not None:
                     self._keep_session()
                 if self.keep_alive and not self.closed:
-                    self.idle_since = self.loop.time()
-                    self.pool.append(self)
+                    self.pools.put(self)
                 else:
                     self.abort()
                 return
@@ -372,8 +377,8 @@ class _Connection(asyncio.Protocol):
                 kind = "tls_error"
                 reason = " (a TLS connection closed unanswered: client certificate refused?)"
             self._fail(HttpError(kind, f"connection closed {where}{reason}"[:200]))
-        elif self in self.pool:
-            self.pool.remove(self)
+        else:
+            self.pools.discard(self)
 
     # ---- httptools callbacks ---------------------------------------------------------------
 
@@ -421,6 +426,94 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()
 
 
+_Origin = tuple[str, str, int, int]
+"""Scheme, host, port and the TLS context's id: a connection made with one client certificate
+or trust store never carries a request meant for another."""
+
+
+class _Pools:
+    """The idle keep-alive connections, by origin, bounded whatever the number of origins: at
+    most ``limit`` in all (past it, the one idle longest is closed) and none idle longer than
+    ``idle_timeout``: a timer closes those even when their origin is never used again, and an
+    origin with no idle connection is forgotten. So 10,000 webhooks on 500 hosts, each used
+    now and then, hold no more than ``limit`` sockets between their deliveries."""
+
+    def __init__(self, idle_timeout: float, limit: int) -> None:
+        self.idle_timeout = idle_timeout
+        self.limit = limit
+        self.by_origin: dict[_Origin, list[_Connection]] = {}  # most recently idle last
+        self.idle: dict[_Connection, None] = {}  # all of them, idle longest first
+        self.sweeper: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self.idle)
+
+    def put(self, connection: _Connection) -> None:
+        """A connection whose exchange ended cleanly goes back to its origin's pool."""
+        loop = connection.loop
+        connection.idle_since = loop.time()
+        self.by_origin.setdefault(connection.key, []).append(connection)
+        self.idle[connection] = None
+        if len(self.idle) > self.limit:
+            self._close(next(iter(self.idle)))
+        if self.sweeper is None:
+            self.sweeper = loop.call_at(connection.idle_since + self.idle_timeout, self.sweep)
+
+    def take(self, key: _Origin, now: float) -> _Connection | None:
+        """An idle connection of ``key`` fit to carry a request (the most recently used), or
+        None; those found too old or not quiet on the way are closed."""
+        pool = self.by_origin.get(key)
+        while pool:
+            connection = pool.pop()
+            del self.idle[connection]
+            if not pool:
+                del self.by_origin[key]
+            if now - connection.idle_since < self.idle_timeout and connection.quiet():
+                return connection
+            connection.abort()
+        return None
+
+    def discard(self, connection: _Connection) -> None:
+        """Forget an idle connection (closed by its server, or closed here)."""
+        if connection not in self.idle:
+            return
+        del self.idle[connection]
+        pool = self.by_origin[connection.key]
+        pool.remove(connection)
+        if not pool:
+            del self.by_origin[connection.key]
+
+    def _close(self, connection: _Connection) -> None:
+        self.discard(connection)
+        connection.abort()
+
+    def sweep(self) -> None:
+        """Close the connections idle for ``idle_timeout`` or more; come back when the next
+        one will be."""
+        self.sweeper = None
+        if not self.idle:
+            return
+        loop = asyncio.get_running_loop()
+        oldest_allowed = loop.time() - self.idle_timeout
+        stale = []
+        for connection in self.idle:
+            if connection.idle_since > oldest_allowed:
+                break
+            stale.append(connection)
+        for connection in stale:
+            self._close(connection)
+        if self.idle:
+            first = next(iter(self.idle))
+            self.sweeper = loop.call_at(first.idle_since + self.idle_timeout, self.sweep)
+
+    def clear(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            self.sweeper = None
+        self.idle.clear()
+        self.by_origin.clear()
+
+
 class HttpClient:
     """POSTs over pooled keep-alive connections; see the module docstring for the behaviour."""
 
@@ -433,18 +526,21 @@ class HttpClient:
         body_limit: int = 4096,
         header_limit: int = 65536,
         idle_timeout: float = 4.0,
+        max_idle: int = 1000,
     ) -> None:
         self._resolver = resolver
         self._ssl = ssl_context or make_context(TlsSettings())  # the system store
         self._connect_timeout = connect_timeout
         self._body_limit = body_limit
         self._header_limit = header_limit
-        self._idle_timeout = idle_timeout
         self._targets: dict[str, Target | HttpError] = {}
-        # by origin and TLS context: a connection made with one client certificate or trust
-        # store never carries a request meant for another
-        self._pools: dict[tuple[str, str, int, int], list[_Connection]] = {}
+        self._pools = _Pools(idle_timeout, max_idle)
         self._live: set[_Connection] = set()
+
+    @property
+    def idle_connections(self) -> int:
+        """Open connections waiting in the pools for a request."""
+        return len(self._pools)
 
     def target(self, url: str) -> Target:
         """The parsed URL (cached: webhook URLs are few and used again and again)."""
@@ -506,24 +602,14 @@ class HttpClient:
             raise HttpError("connection_error", _unexpected(exc)) from None
 
     def _idle(self, target: Target, context: ssl.SSLContext) -> _Connection | None:
-        pool = self._pools.get((target.scheme, target.host, target.port, id(context)))
-        if not pool:
-            return None
-        oldest_allowed = asyncio.get_running_loop().time() - self._idle_timeout
-        while pool:
-            connection = pool.pop()
-            if connection.idle_since >= oldest_allowed and connection.quiet():
-                return connection
-            connection.abort()
-        return None
+        key = (target.scheme, target.host, target.port, id(context))
+        return self._pools.take(key, asyncio.get_running_loop().time())
 
     async def _connect(
         self, target: Target, context: ssl.SSLContext, deadline: float, timeout: float
     ) -> _Connection:
         loop = asyncio.get_running_loop()
         key = (target.scheme, target.host, target.port, id(context))
-        pool = self._pools.setdefault(key, [])
-        self._prune(pool, loop.time())
         tls = target.scheme == "https"
         sessions = context if tls and isinstance(context, ResumingContext) else None
         try:
@@ -534,7 +620,8 @@ class HttpClient:
                     try:
                         _transport, connection = await loop.create_connection(
                             lambda: _Connection(
-                                pool,
+                                self._pools,
+                                key,
                                 self._live,
                                 self._header_limit,
                                 self._body_limit,
@@ -566,16 +653,6 @@ class HttpClient:
             detail = f"cannot resolve {target.host}: {exc.strerror or exc}"
             raise HttpError("connection_error", detail) from None
         raise HttpError("connection_error", "; ".join(errors)[:200] or "no address to connect to")
-
-    def _prune(self, pool: list[_Connection], now: float) -> None:
-        """Close idle connections that are too old to reuse (the oldest sit at the front)."""
-        stale = 0
-        for connection in pool:
-            if not connection.closed and now - connection.idle_since < self._idle_timeout:
-                break
-            connection.abort()
-            stale += 1
-        del pool[:stale]
 
     async def close(self) -> None:
         """Close every connection."""

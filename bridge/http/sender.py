@@ -76,6 +76,7 @@ class HttpSender:
             DestinationPolicy(delivery.allow_private_networks, delivery.allowed_networks),
             connect_timeout=delivery.connect_timeout_seconds,
             body_limit=delivery.response_body_limit_bytes,
+            max_idle=delivery.max_in_flight,  # more can never be busy at once
         )
 
     def __init__(
@@ -84,12 +85,14 @@ class HttpSender:
         connect_timeout: float = 3.0,
         body_limit: int = 4096,
         ssl_context: ssl.SSLContext | None = None,
+        max_idle: int = 1000,
     ) -> None:
         self._client = HttpClient(
             SafeResolver(policy),
             ssl_context=ssl_context,
             connect_timeout=connect_timeout,
             body_limit=body_limit,
+            max_idle=max_idle,
         )
         self._contexts = TlsContexts()
 

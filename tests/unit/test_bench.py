@@ -249,9 +249,9 @@ def test_the_run_certificate_is_trusted_through_its_ca_file_and_close_paths_clos
         trusting = make_context(TlsSettings(ca_file=str(certs.ca_file)))
         try:
             assert await http.post(f"{base}/ok/a", {}, b"{}", 5, trusting) == 200
-            assert sum(len(pool) for pool in http._pools.values()) == 1  # kept alive
+            assert http.idle_connections == 1  # kept alive
             assert await http.post(f"{base}/close/a", {}, b"{}", 5, trusting) == 200
-            assert not any(http._pools.values())  # that connection was closed after the answer
+            assert http.idle_connections == 0  # that connection was closed after the answer
             with pytest.raises(HttpError) as caught:  # the system store alone does not trust it
                 await http.post(f"{base}/ok/a", {}, b"{}", 5)
             assert caught.value.kind == "tls_error"

@@ -349,6 +349,56 @@ def test_a_connection_idle_longer_than_the_idle_timeout_is_not_reused() -> None:
     assert server.connections == 2
 
 
+async def many_origins(
+    count: int, test: Callable[[list[str], list[Server]], Awaitable[None]]
+) -> None:
+    """Run ``test`` with ``count`` keep-alive servers, each its own origin (its own port)."""
+    servers = [Server(keep_alive) for _ in range(count)]
+    listeners = [await asyncio.start_server(s._client, "127.0.0.1", 0) for s in servers]
+    urls = [f"http://127.0.0.1:{ln.sockets[0].getsockname()[1]}/hook" for ln in listeners]
+    try:
+        await test(urls, servers)
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def test_idle_connections_across_origins_are_bounded_the_longest_idle_closed_first() -> None:
+    async def test(urls: list[str], servers: list[Server]) -> None:
+        http = client(max_idle=5)
+        try:
+            for url in urls:  # one delivery to each of 12 hosts, each leaving its connection idle
+                assert await http.post(url, HEADERS, b"{}", 5) == 200
+            assert http.idle_connections == 5
+            await wait_for(lambda: len(http._live) == 5)  # the other seven are closed
+            kept = {origin[2] for origin in http._pools.by_origin}
+            assert kept == {int(url.split(":")[2].split("/")[0]) for url in urls[-5:]}
+            assert await http.post(urls[-1], HEADERS, b"{}", 5) == 200  # reused, not a new one
+            assert servers[-1].connections == 1
+        finally:
+            await http.close()
+
+    asyncio.run(many_origins(12, test))
+
+
+def test_idle_connections_are_closed_on_time_even_when_their_origin_is_never_used_again() -> None:
+    async def test(urls: list[str], servers: list[Server]) -> None:
+        http = client(idle_timeout=0.2)
+        try:
+            for url in urls:
+                assert await http.post(url, HEADERS, b"{}", 5) == 200
+            assert http.idle_connections == len(urls)
+            await wait_for(lambda: not http._live, 3)  # no request needed to close them
+            assert http.idle_connections == 0 and not http._pools.by_origin
+            assert http._pools.sweeper is None, "nothing idle: no timer left behind"
+            assert await http.post(urls[0], HEADERS, b"{}", 5) == 200  # a new connection
+            assert servers[0].connections == 2
+        finally:
+            await http.close()
+
+    asyncio.run(many_origins(4, test))
+
+
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 def test_a_closed_tls_connection_is_freed_at_once_not_by_the_garbage_collector(
     event_loop: str,

@@ -130,15 +130,18 @@ def run(
 
 
 def assert_pool_sound(http: HttpClient) -> None:
-    """Each pooled connection once, idle, with no exchange attached."""
-    for pool in http._pools.values():
+    """Each pooled connection once, idle, with no exchange attached; no origin left empty."""
+    pools = http._pools
+    assert sum(len(pool) for pool in pools.by_origin.values()) == len(pools.idle)
+    for pool in pools.by_origin.values():
+        assert pool, "an origin with no idle connection is forgotten"
         assert len({id(connection) for connection in pool}) == len(pool)
         for connection in pool:
             assert not connection.busy and connection.waiter is None and connection.timer is None
 
 
 def pooled(http: HttpClient) -> int:
-    return sum(len(pool) for pool in http._pools.values())
+    return http.idle_connections
 
 
 async def failure(http: HttpClient, url: str, timeout: float = 5.0) -> HttpError:
