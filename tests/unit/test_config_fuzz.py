@@ -839,6 +839,27 @@ def test_scrubbing_leaves_no_secret_in_a_message(
         assert masked == text
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    secrets=st.lists(st.text(_SCRUB_ALPHABET, min_size=1, max_size=20), max_size=8),
+    pieces=st.lists(st.text(_SCRUB_ALPHABET, max_size=12), max_size=8),
+    picks=st.lists(st.integers(min_value=0, max_value=7), max_size=8),
+)
+def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it(
+    secrets: list[str], pieces: list[str], picks: list[int]
+) -> None:
+    """``found_in`` (its windows cut in C) says the same as looking for each secret of at least
+    the scrubbing length, line breaks and all."""
+    from bridge.config.loader import _SCRUB_MIN_LENGTH, _Secrets
+
+    text = "".join(
+        piece + (secrets[pick % len(secrets)] if secrets else "")
+        for piece, pick in zip(pieces, picks, strict=False)
+    )
+    long_enough = [secret for secret in secrets if len(secret) >= _SCRUB_MIN_LENGTH]
+    assert _Secrets(secrets).found_in(text) == any(secret in text for secret in long_enough)
+
+
 def test_scrubbing_masks_among_ten_thousand_secrets() -> None:
     """10,000 secrets (a file of 10,000 webhooks) and 2,000 messages, each naming one: each is
     masked (the scrubber looks at each position of a message once, not once per secret; the
