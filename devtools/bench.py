@@ -89,6 +89,7 @@ class Stage:
     parsed: Any = None
     schedule_lag: dict[str, float] = field(default_factory=dict)  # of the last produce_at_rate
     bridge_cpus: str | None = None  # taskset CPU list the bridge runs on (split placement)
+    broker_pid: int | None = None  # the benchmark's own broker (None: an external one)
 
     def __post_init__(self) -> None:
         self.schema = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
@@ -558,15 +559,26 @@ def scenario_throughput(
         for n in range(fanout)
     ]
     expected = len(ids) * fanout
+    candidates = {"receiver": stage.receiver.pid if stage.receiver else None}
+    candidates["broker"] = stage.broker_pid
+    others = {name: pid for name, pid in candidates.items() if pid is not None}
+    before = {name: process_cpu_seconds(pid) for name, pid in others.items()}
     started = time.time()
     with stage.bridge(topic, hooks, metrics=metrics) as process:
         _wait(lambda: stage.received() >= expected, 900, f"{expected} deliveries", 0.2, process)
         rss = peak_rss_mb(process.pid)
         cpu = process_cpu_seconds(process.pid)  # start-up included, as in the elapsed time
+        spent = {name: process_cpu_seconds(others[name]) - at for name, at in before.items()}
     log = stage.dump()
     last = max(entry[0] for entry in log if entry[3] == 200)
     elapsed = last - started
+    # Where the machine's time went: the bridge's whole process (its event loop and the Kafka
+    # clients' threads), the receiver's and the broker's CPU per 1,000 deliveries, and how many
+    # cores all three kept busy on average (the rest is idle, or other processes).
+    shares = {f"{name}_cpu_per_1000_s": round(t / expected * 1000, 3) for name, t in spent.items()}
     return {
+        **shares,
+        "cores_busy": round((cpu + sum(spent.values())) / elapsed, 2),
         "records": len(ids),
         "fanout": fanout,
         "deliveries": expected,
@@ -725,7 +737,7 @@ def scenario_isolation(stage: Stage, rate: float, seconds: float, neighbour: str
 
 LATENCY_KEYS = ("count", "p50_ms", "p95_ms", "p99_ms", "max_ms")
 ISOLATION_KEYS = (*LATENCY_KEYS, "bridge_cpu_s")
-THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "cpu_per_1000_s", "peak_rss_mb")
+THROUGHPUT_KEYS = ("seconds", "deliveries_per_s", "cpu_per_1000_s", "peak_rss_mb", "cores_busy")
 NEIGHBOUR_KEYS = ("seconds", "deliveries_per_s", "cpu_seconds")
 
 
@@ -978,7 +990,7 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     broker = None if external else Broker(CACHE / "bench-broker", heap=BENCH_BROKER_HEAP)
     bootstrap = external or broker.start()  # type: ignore[union-attr]
-    stage = Stage(bootstrap, workdir)
+    stage = Stage(bootstrap, workdir, broker_pid=broker.pid() if broker is not None else None)
     try:
         if wanted("pure"):
             _say("pure path")
@@ -1068,7 +1080,7 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
             )
             if (os.cpu_count() or 1) >= 2:
                 _say("isolation again, the bridge on a CPU of its own (split placement)")
-                with split_placement(stage, broker.pid() if broker is not None else None):
+                with split_placement(stage, stage.broker_pid):
                     split = scenario_isolation_rounds(
                         stage, 500, sizes.isolation_seconds, sizes.isolation_rounds
                     )

@@ -70,6 +70,7 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
             "deliveries_per_s": 5,
             "cpu_per_1000_s": 0.3,
             "peak_rss_mb": 90.0,
+            "cores_busy": 1.5,
         },
         {
             "records": 10,
@@ -78,6 +79,7 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
             "deliveries_per_s": 10,
             "cpu_per_1000_s": 0.2,
             "peak_rss_mb": 99.0,
+            "cores_busy": 1.7,
         },
     ]
     summary = _median_of(rounds, THROUGHPUT_KEYS)
