@@ -375,6 +375,7 @@ def _number(value: float) -> str:
 _SHOWN_SECRET: Final = "holds the value of a secret: a secret belongs in a secret field only"
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every key of every webhook: a few names
 def _is_secret_key(key: str) -> bool:
     """Whether a YAML key names a secret value (``secret``, ``sasl_password``, a Kafka credential
     property...); ``*_file`` keys name paths."""
