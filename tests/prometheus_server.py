@@ -4,7 +4,6 @@ second and evaluates the alert rules (``deploy/prometheus/alerts.yaml`` unless t
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import urllib.error
@@ -13,12 +12,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from devtools.devkafka import free_port
 from tests.kafka_helpers import wait_for
-from tests.unit.test_prometheus_rules import ALERTS
+from tests.unit.test_prometheus_rules import ALERTS, prometheus_tool
 
 JOB = "transaction-webhook-bridge"  # the scrape job the alert rules expect
 
@@ -29,13 +27,7 @@ class Prometheus:
     def __init__(
         self, workdir: Path, target_port: int, rule_files: tuple[Path, ...] = (ALERTS,)
     ) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.fail(
-                "prometheus is not installed: run `sh deploy/prometheus/ensure-prometheus.sh` "
-                "(installs Debian's prometheus package)",
-                pytrace=False,
-            )
+        binary = prometheus_tool("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / "prometheus.log"  # (one server per folder)

@@ -45,6 +45,7 @@ from tests.receiver import Receiver, fail_first
 pytestmark = pytest.mark.integration
 
 SCRAM_USER = "bridge"
+READER = "bridge-reader"  # granted Read only, never Write anywhere (other tests grant SCRAM_USER)
 PASSWORD = "correct-horse-battery-staple"
 CERT_USER = "bridge-mtls"  # the CN of the client certificate, its principal (User:bridge-mtls)
 START_FAILURE_S = 30.0  # a refused start ends well within this (process start included)
@@ -93,7 +94,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             key_pem=server.private_key_pem.bytes(),
             cert_chain_pem=b"".join(pem.bytes() for pem in server.cert_chain_pems),
             trusted_pem=ca.cert_pem.bytes(),
-            scram_users={SCRAM_USER: PASSWORD},
+            scram_users={SCRAM_USER: PASSWORD, READER: PASSWORD},
         ),
     )
     tools = broker.start()
@@ -220,6 +221,28 @@ def bridge_check(setup: BridgeSetup, *command: str) -> tuple[int, str, float]:
     return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
 
+def delivered(receiver: Receiver, transaction: str) -> bool:
+    """Whether the receiver answered 2xx to the notification of ``transaction`` on /hook."""
+    return any(
+        200 <= request.status < 300 and json.loads(request.body)["transactionId"] == transaction
+        for request in receiver.on("/hook")
+    )
+
+
+def start_to_exit(setup: BridgeSetup, why: str) -> BridgeProcess:
+    """Start ``bridge run`` and wait (at most START_FAILURE_S) until it has exited."""
+    bridge = setup.start_bridge(wait_assigned=False)
+    process = bridge.process
+    assert process is not None
+    wait_for(
+        lambda: process.poll() is not None,
+        START_FAILURE_S,
+        interval=0.1,
+        message=f"bridge run to exit {why} (log: {bridge.log_path})",
+    )
+    return bridge
+
+
 def deliver_one(setup: BridgeSetup, receiver: Receiver) -> BridgeProcess:
     """Start the bridge, produce a record, and see it delivered, signed, to the receiver."""
     bridge = setup.start_bridge()  # waits until the group assigned its partition
@@ -318,15 +341,9 @@ def test_a_refused_connection_is_a_clear_error_in_check_and_at_start(
         assert took < CHECK_TIMEOUT_S / 2, f"{command} took {took:.1f}s to report {case}"
 
     started = time.monotonic()
-    bridge = setup.start_bridge(wait_assigned=False)
+    bridge = start_to_exit(setup, f"on {case}")
     process = bridge.process
     assert process is not None
-    wait_for(
-        lambda: process.poll() is not None,
-        START_FAILURE_S,
-        interval=0.1,
-        message=f"bridge run to exit on {case} (log: {bridge.log_path})",
-    )
     took = time.monotonic() - started
     assert process.returncode == 1, bridge.log_tail()
     failed = [json.loads(line) for line in bridge.log_lines() if '"kafka.start_failed"' in line]
@@ -351,20 +368,15 @@ def test_a_principal_that_may_not_write_ends_the_bridge_and_loses_nothing(
     delivers it."""
     receiver.behaviours["/hook"] = fail_first(1, 503)  # its delivery needs a retry rung
     env = {"KAFKA_SASL_PASSWORD": PASSWORD}
-    setup = make_setup(secured, receiver, tmp_path, scram_kafka(secured), env=env)
-    grant(secured, SCRAM_USER, setup, topic_operations=(AclOperation.READ,))
+    kafka = {**scram_kafka(secured), "sasl_username": READER}
+    setup = make_setup(secured, receiver, tmp_path, kafka, env=env)
+    # Write on no topic at all: with Write on any topic the cluster grants the id (KIP-679),
+    # and a topic the principal may not write fails each record instead (tried again, below).
+    grant(secured, READER, setup, topic_operations=(AclOperation.READ,))
     setup.produce_records([make_record("tx-unwritable", "acct_1", success=True)])
 
-    bridge = setup.start_bridge(wait_assigned=False)
-    process = bridge.process
-    assert process is not None
-    wait_for(
-        lambda: process.poll() is not None,
-        START_FAILURE_S,
-        interval=0.1,
-        message=f"bridge run to exit when it may not write (log: {bridge.log_path})",
-    )
-    assert process.returncode == 1, bridge.log_tail()
+    bridge = start_to_exit(setup, "when it may not write")
+    assert bridge.process is not None and bridge.process.returncode == 1, bridge.log_tail()
     failed = [json.loads(line) for line in bridge.log_lines() if '"kafka.producer_failed"' in line]
     assert len(failed) == 1, bridge.log_tail()
     assert failed[0]["reason"].startswith("not authorized to write the bridge's topics; "), failed
@@ -379,20 +391,71 @@ def test_a_principal_that_may_not_write_ends_the_bridge_and_loses_nothing(
         "committed past a record whose retry could not be written"
     )
 
-    grant(secured, SCRAM_USER, setup)  # now Write as well
+    grant(secured, READER, setup)  # now Write as well
     bridge = setup.start_bridge()
 
-    def delivered() -> bool:
-        return any(
-            200 <= request.status < 300
-            and json.loads(request.body)["transactionId"] == "tx-unwritable"
-            for request in receiver.on("/hook")
-        )
-
     wait_for(
-        delivered,
+        lambda: delivered(receiver, "tx-unwritable"),
         60,
         message="the record delivered once the principal may write",
+    )
+    assert bridge.terminate() == 0
+
+
+def test_a_topic_the_principal_may_not_write_holds_its_records_until_granted(
+    secured: Secured, receiver: Receiver, tmp_path: Path
+) -> None:
+    """With Write on some other topic (so the cluster grants the idempotent producer its id)
+    but only Read on the bridge's, each write to a rung fails with TOPIC_AUTHORIZATION_FAILED:
+    the bridge keeps running and ready, says so (``produce.failed`` naming the topic,
+    ``bridge_produce_failures_total``, the BridgeProduceFailing alert), commits nothing past
+    the record, and delivers it once Write is granted, without a restart."""
+    receiver.behaviours["/hook"] = fail_first(1, 503)  # its delivery needs a retry rung
+    env = {"KAFKA_SASL_PASSWORD": PASSWORD}
+    setup = make_setup(secured, receiver, tmp_path, scram_kafka(secured), env=env)
+    grant(secured, SCRAM_USER, setup, topic_operations=(AclOperation.READ,))
+    decoy = AclBinding(
+        ResourceType.TOPIC,
+        f"elsewhere-{setup.source}",
+        ResourcePatternType.LITERAL,
+        f"User:{SCRAM_USER}",
+        "*",
+        AclOperation.WRITE,
+        AclPermissionType.ALLOW,
+    )
+    admin = AdminClient({"bootstrap.servers": secured.tools, **QUIET})
+    for future in admin.create_acls([decoy]).values():
+        future.result(timeout=30)
+    setup.produce_records([make_record("tx-rung-refused", "acct_1", success=True)])
+
+    bridge = setup.start_bridge()
+    rung = setup.delay_topic(1)
+
+    def refused_writes() -> list[dict[str, Any]]:
+        return [
+            entry
+            for entry in map(json.loads, bridge.log_lines())
+            if entry.get("event") == "produce.failed"
+            and entry.get("topic") == rung
+            and "TOPIC_AUTHORIZATION_FAILED" in entry.get("error", "")
+        ]
+
+    wait_for(lambda: len(refused_writes()) >= 2, 30, message=f"writes to {rung} refused")
+    assert bridge.gauge("bridge_produce_failures_total", 'kind="retry"') >= 2
+    assert bridge.http("/readyz")[0] == 200, "still consuming and delivering the rest"
+    assert bridge.process is not None and bridge.process.poll() is None
+    assert committed_offsets(secured.tools, setup.group, setup.source)[0] <= 0
+
+    grant(secured, SCRAM_USER, setup)  # Write on the bridge's topics: no restart needed
+    wait_for(
+        lambda: delivered(receiver, "tx-rung-refused"),
+        60,
+        message="the record delivered once its rung may be written",
+    )
+    wait_for(
+        lambda: committed_offsets(secured.tools, setup.group, setup.source)[0] == 1,
+        30,
+        message="the record committed",
     )
     assert bridge.terminate() == 0
 

@@ -153,16 +153,22 @@ def github_anchors(markdown: str) -> set[str]:
     return anchors
 
 
-def promtool() -> str:
-    """Path of promtool; fails (never skips) with how to install it when it is missing."""
-    path = shutil.which("promtool")
+def prometheus_tool(name: str) -> str:
+    """Path of ``prometheus`` or ``promtool``; fails (never skips) with how to install it when
+    it is missing."""
+    path = shutil.which(name)
     if path is None:
         pytest.fail(
-            "promtool is not installed: run `sh deploy/prometheus/ensure-prometheus.sh` "
+            f"{name} is not installed: run `sh deploy/prometheus/ensure-prometheus.sh` "
             "(installs Debian's prometheus package, which provides promtool and prometheus)",
             pytrace=False,
         )
     return path
+
+
+def promtool() -> str:
+    """Path of promtool (see :func:`prometheus_tool`)."""
+    return prometheus_tool("promtool")
 
 
 # ---- the rules --------------------------------------------------------------------------------
