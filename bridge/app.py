@@ -4,6 +4,7 @@ port, watch the configuration file, and shut down cleanly on SIGTERM or SIGINT."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -108,8 +109,10 @@ class App:
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 
     def _on_producer_fatal(self, error: KafkaError) -> None:
-        """On a Kafka client's thread: hand the producer's fatal error to the event loop."""
-        self._loop.call_soon_threadsafe(self._producer_failed, error)
+        """On a Kafka client's thread: hand the producer's fatal error to the event loop (unless
+        the loop is gone: the bridge has ended already)."""
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+            self._loop.call_soon_threadsafe(self._producer_failed, error)
 
     def _producer_failed(self, error: KafkaError) -> None:
         """The producer can never write again: say so and end the bridge (exit 1), leaving

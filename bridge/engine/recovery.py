@@ -24,7 +24,7 @@ from bridge.core.envelope import (
 from bridge.core.errors import BridgeError
 from bridge.core.retry import GiveUp, RetryPolicy
 from bridge.engine.clock import now_ms, now_ms_rounded_up
-from bridge.kafka.producer import DurableProducer, ProduceError
+from bridge.kafka.producer import DurableProducer, ProduceError, ProducerFailedError
 from bridge.ops.metrics import Metrics
 
 # The engine's delivery and record events keep the logger name they have always had.
@@ -128,6 +128,10 @@ class Recovery:
             try:
                 await self.producer.send(topic, value, key, headers)
                 return
+            except ProducerFailedError:
+                # The producer can never write again and the bridge is ending (logged once as
+                # kafka.producer_failed): wait to be cancelled, without a warning per try.
+                await asyncio.sleep(PRODUCE_BACKOFF_S[-1])
             except Exception as exc:  # ProduceError, or anything the client raises: try again
                 self.metrics.produce_failures.labels(kind).inc()
                 delay = PRODUCE_BACKOFF_S[min(failures, len(PRODUCE_BACKOFF_S) - 1)]

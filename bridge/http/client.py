@@ -494,7 +494,9 @@ class _Pools:
         if not self.idle:
             return
         loop = asyncio.get_running_loop()
-        oldest_allowed = loop.time() - self.idle_timeout
+        # (1 ms of slack: uvloop's clock counts whole milliseconds, and a timer due at the
+        # expiry could otherwise find nothing expired and come back at once, again and again)
+        oldest_allowed = loop.time() - self.idle_timeout + 0.001
         stale = []
         for connection in self.idle:
             if connection.idle_since > oldest_allowed:

@@ -75,22 +75,33 @@ class DurableProducer:
     def _serve(self) -> None:
         while self._running:
             try:
-                self._producer.poll(0.05)
-            except KafkaException as exc:  # librdkafka raises its fatal error from poll
-                self._failed(exc.args[0])
-            except Exception as exc:  # a callback raised: the reports must still be served
+                self._turn()
+            except Exception as exc:  # the reports must still be served: nothing ends the thread
                 log.error(
                     "producer.poll_failed",
                     extra={"fields": {"error": type(exc).__name__, "detail": str(exc)[:300]}},
                 )
+
+    def _turn(self) -> None:
+        """One poll (serving delivery reports and ``error_cb``), then hand the reports over."""
+        try:
+            self._producer.poll(0.05)
+        except KafkaException as exc:  # librdkafka may raise its fatal error from poll
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError):
+                raise
+            self._failed(error)
+        finally:
             self._hand_over()
 
     def _producer_error(self, error: KafkaError) -> None:
         """``error_cb``: a fatal error may be reported here rather than raised from poll."""
-        if error.fatal():
-            self._failed(error)
-        if self._forward_error is not None:
-            self._forward_error(error)
+        try:
+            if error.fatal():
+                self._failed(error)
+        finally:
+            if self._forward_error is not None:
+                self._forward_error(error)
 
     def _failed(self, error: KafkaError) -> None:
         """A poll raised ``error`` (or reported it): fatal ones end the producer's writing for

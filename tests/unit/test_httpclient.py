@@ -400,6 +400,39 @@ def test_idle_connections_are_closed_on_time_even_when_their_origin_is_never_use
 
 
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_the_idle_timer_comes_back_only_when_something_expires(event_loop: str) -> None:
+    """uvloop's clock counts whole milliseconds: a timer due at an expiry once found nothing
+    expired (by a rounding) and came back at once, hundreds of times (262 calls for 25
+    connections closed). Each call now closes something, or is rescheduled by a reuse."""
+    import uvloop
+
+    async def test(urls: list[str], servers: list[Server]) -> None:
+        http = client(idle_timeout=0.02)
+        pools = http._pools
+        calls, closed = [0], [0]
+        sweep = pools.sweep
+
+        def counted() -> None:
+            before = len(pools.idle)
+            calls[0] += 1
+            sweep()
+            closed[0] += before - len(pools.idle)
+
+        pools.sweep = counted  # type: ignore[method-assign]
+        try:
+            for _ in range(5):
+                for url in urls:
+                    assert await http.post(url, HEADERS, b"{}", 5) == 200
+                    await asyncio.sleep(0.007)
+            await wait_for(lambda: not pools.idle, 2)
+            assert closed[0] >= 5 and calls[0] <= 2 * closed[0], (calls, closed)
+        finally:
+            await http.close()
+
+    (uvloop.run if event_loop == "uvloop" else asyncio.run)(many_origins(5, test))
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 def test_a_closed_tls_connection_is_freed_at_once_not_by_the_garbage_collector(
     event_loop: str,
 ) -> None:

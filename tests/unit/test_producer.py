@@ -86,6 +86,8 @@ def test_a_fatal_error_met_first_by_produce_fails_that_send_as_fatal() -> None:
     [
         RuntimeError("a delivery callback raised"),
         KafkaException(KafkaError(KafkaError._TRANSPORT, "not fatal")),
+        KafkaException("a text, not a KafkaError"),
+        KafkaException(),
         ValueError("anything else"),
     ],
 )
@@ -98,6 +100,30 @@ def test_the_polling_thread_survives_anything_a_poll_raises(raised: BaseExceptio
         assert told == [] and producer.fatal is None
     finally:
         producer.close(1)
+
+
+def test_a_failing_on_fatal_ends_neither_the_thread_nor_the_forwarding() -> None:
+    """``on_fatal`` raising (the event loop already closed, say) is logged: the polling thread
+    serves on, and ``error_cb``'s caller still hears of the error."""
+
+    def closed(_error: KafkaError) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    polled = DurableProducer(NOWHERE, on_fatal=closed)
+    stand_in = Raising(fatal())
+    polled._producer = stand_in  # type: ignore[assignment]
+    forwarded: list[KafkaError] = []
+    reported = DurableProducer({**NOWHERE, "error_cb": forwarded.append}, on_fatal=closed)
+    try:
+        wait_for(lambda: stand_in.polls > 5, 10, message="the thread to poll on after it")
+        assert polled.fatal is not None
+        error = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence", fatal=True)
+        with pytest.raises(RuntimeError):
+            reported._producer_error(error)  # (on the thread, the turn's handler logs it)
+        assert error in forwarded
+    finally:
+        polled.close(1)
+        reported.close(1)
 
 
 def test_a_fatal_error_reported_to_error_cb_counts_too() -> None:
@@ -134,3 +160,47 @@ def test_the_failure_names_what_to_grant_or_says_to_restart() -> None:
     )
     assert str(other) == "Kafka at kafka:9094: the producer failed for good; librdkafka said: seq"
     assert other.hint == RESTART_HINT
+
+
+def test_a_write_after_the_producer_failed_waits_to_be_cancelled_without_a_warning_per_try(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Recovery does not spin or flood the log on a producer that can never write: the bridge
+    is ending (said once, as kafka.producer_failed) and cancels the wait."""
+    from prometheus_client import CollectorRegistry
+
+    from bridge.core.retry import RetryPolicy
+    from bridge.engine.recovery import Recovery
+    from bridge.ops.metrics import Metrics
+    from tests.unit.test_partition_state import CONFIG
+
+    class Failed:
+        sends = 0
+
+        async def send(self, *_args: Any) -> None:
+            Failed.sends += 1
+            raise ProducerFailedError(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
+
+    registry = CollectorRegistry()
+    recovery = Recovery(
+        Failed(),  # type: ignore[arg-type]
+        RetryPolicy.from_config(CONFIG),
+        Metrics(registry),
+        CONFIG.dead_letter_topic,
+    )
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recovery.produce("t.retry.1", b"v", b"k", [], "retry"))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert Failed.sends == 1
+    assert not [r for r in caplog.records if r.getMessage() == "produce.failed"]
+    assert registry.get_sample_value("bridge_produce_failures_total", {"kind": "retry"}) in (
+        None,
+        0.0,
+    )
