@@ -8,14 +8,16 @@ started again; a rolling restart of all three nodes; one node killed and, during
 of the two bridge replicas killed and started again. Every (record, webhook) pair must end
 received or dead-lettered, duplicates only from work in flight at a fault (same ``webhook-id``),
 and the replica that is never killed stays ready (``/readyz`` 200) through every loss of one node.
-During every loss the replicas' metrics show what an SRE watches then: the consumer lag of the
-source, the commit age of its partitions (and it stays bounded: one node of three down holds no
-commit for long) and the depth of the retry ladder. About two minutes on two cores, most of it
-nodes starting.
+During the losses the replicas' metrics show what an SRE watches then: the consumer lag of the
+source, the commit age of its partitions (bounded: one node of three down holds no commit for
+long) and the depth of the retry ladder; the report line says in how many losses a figure was
+absent (a lost group coordinator can leave no replica holding a source partition for a while).
+About two minutes on two cores, most of it nodes starting.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,10 +68,13 @@ def watched(bridges: list[BridgeProcess], source: str) -> dict[str, float]:
     and the retry ladder's depth (every rung); a figure missing from every replica is absent
     (no source partition assigned to a live replica, or no statistics yet since it was)."""
     seen: dict[str, float] = {}
-    for bridge in bridges:
+    for bridge in list(bridges):
         if not alive(bridge):
             continue
-        for family in text_string_to_metric_families(bridge.metrics()):
+        text = bridge.metrics()
+        if not text:
+            seen["unanswered"] = seen.get("unanswered", 0.0) + 1
+        for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 topic = sample.labels.get("topic")
                 if sample.name == "bridge_consumer_lag" and topic == source:
@@ -102,13 +107,25 @@ def leader_of(bootstrap: str, topic: str, partition: int) -> int:
     return int(metadata.topics[topic].partitions[partition].leader)
 
 
+def replica_counts(bootstrap: str, topic: str) -> set[int] | None:
+    """How many replicas the partitions of ``topic`` have; None while the node asked does not
+    know the topic yet."""
+    metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(topic, 10)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        return None
+    return {len(partition.replicas) for partition in found.partitions.values()}
+
+
 def in_sync(bootstrap: str, topics: list[str]) -> bool:
     """Whether every partition of ``topics`` has all three replicas in sync."""
     metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(timeout=10)
-    return all(
+    known = [metadata.topics.get(topic) for topic in topics]
+    return all(found is not None and found.partitions for found in known) and all(
         len(partition.isrs) == 3
-        for topic in topics
-        for partition in metadata.topics[topic].partitions.values()
+        for found in known
+        if found is not None
+        for partition in found.partitions.values()
     )
 
 
@@ -134,8 +151,12 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
         topics={"replication_factor": 3},
     )
     bootstrap = setup.bootstrap
-    metadata = AdminClient({"bootstrap.servers": bootstrap, **QUIET}).list_topics(timeout=10)
-    replicas = {len(p.replicas) for p in metadata.topics[setup.source].partitions.values()}
+    # (a node other than the controller learns of a new topic a moment later)
+    replicas = wait_for(
+        lambda: replica_counts(bootstrap, setup.source),
+        30,
+        message=f"{setup.source} in the metadata of the node asked",
+    )
     assert replicas == {3}, "bridge topics made the source topic with three replicas"
     records = stream_records(rng, 400, ["acct_a", "acct_nobody"])
     ledger = Ledger(hooks)
@@ -155,24 +176,29 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
         for name, value in watched(replicas_running, setup.source).items():
             figures[name] = max(value, figures.get(name, 0.0))
 
+    watching: list[dict[str, float]] = []  # the figures of the loss going on, if any
+    done_watching = threading.Event()
+
+    def watch_losses() -> None:  # every half second, the node's start included
+        while not done_watching.wait(0.5):
+            if watching:
+                watch(watching[0])
+
+    watcher = threading.Thread(target=watch_losses, name="watch-losses", daemon=True)
+    watcher.start()
+
     def down_and_up(node: int, stop: Callable[[], None], during: Callable[[], None]) -> None:
         faults.append(time.time())
         stop()
         figures: dict[str, float] = {}
-        back = time.monotonic() + DOWN_S
-        while time.monotonic() < back:
-            watch(figures)
-            time.sleep(0.5)
+        watching.append(figures)
+        time.sleep(DOWN_S)
         ready_during_losses.append(replicas_running[1].http("/readyz")[0])
         during()
         cluster.nodes[node].start(fresh=False)
         faults.append(time.time())
-
-        def back_in_sync() -> bool:
-            watch(figures)
-            return in_sync(bootstrap, topics)
-
-        wait_for(back_in_sync, 90, message=f"node {node} back in sync")
+        wait_for(lambda: in_sync(bootstrap, topics), 90, message=f"node {node} back in sync")
+        watching.clear()
         during_losses.append(figures)
 
     time.sleep(rng.uniform(2.0, 4.0))
@@ -192,6 +218,7 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
 
     down_and_up(lost, cluster.nodes[lost].kill, crash_and_restart_a_replica)
     stream.join()
+    done_watching.set()
 
     verdict = settle(setup, ledger, lambda: receiver_requests(receiver), timeout=180)
     requests = receiver_requests(receiver)
@@ -209,6 +236,10 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
             max_lag=max(figures.get("lag", 0) for figures in during_losses),
             max_commit_age_s=max(figures.get("commit_age_s", 0) for figures in during_losses),
             max_ladder_depth=max(figures.get("ladder_depth", 0) for figures in during_losses),
+            losses_without_lag=sum("lag" not in figures for figures in during_losses),
+            losses_without_commit_age=sum(
+                "commit_age_s" not in figures for figures in during_losses
+            ),
         ),
     )
     verdict.assert_sound()
@@ -219,12 +250,14 @@ def test_broker_losses_in_a_three_node_cluster_lose_nothing(
         f"/readyz while one node of three was down: {ready_during_losses} (the cluster stays "
         "reachable, so the bridge stays ready)"
     )
-    figures = ("lag", "commit_age_s", "ladder_depth")
-    assert all(set(figures) <= set(seen) for seen in during_losses), (
-        f"lag, commit age and ladder depth in the metrics during every loss (from the node's "
-        f"loss until it is back in sync): {during_losses}"
-    )
-    assert all(seen["commit_age_s"] < COMMIT_AGE_LIMIT_S for seen in during_losses), (
+    # Each figure shows during the losses; not necessarily in every one: after a lost group
+    # coordinator the group can hold no source partition for up to ~25 s, and librdkafka
+    # reports no lag for a partition being assigned again until it knows both of its offsets.
+    for figure in ("lag", "commit_age_s", "ladder_depth"):
+        assert any(figure in seen for seen in during_losses), (
+            f"{figure} never in the metrics during the losses: {during_losses}"
+        )
+    assert all(seen.get("commit_age_s", 0.0) < COMMIT_AGE_LIMIT_S for seen in during_losses), (
         f"a source partition's commit held back for long while one node was down: {during_losses}"
     )
     for bridge in replicas_running[1:]:
