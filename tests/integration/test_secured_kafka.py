@@ -140,6 +140,17 @@ def mtls_kafka(secured: Secured, **properties: Any) -> dict[str, Any]:
     }
 
 
+_MADE: list[BridgeSetup] = []
+"""The set-ups of the running test, whose bridges are stopped when it ends, passed or not."""
+
+
+@pytest.fixture(autouse=True)
+def _stop_bridges() -> Iterator[None]:
+    yield
+    while _MADE:
+        _MADE.pop().stop_all()
+
+
 def make_setup(
     secured: Secured, receiver: Receiver, tmp_path: Path, kafka: dict[str, Any], **options: Any
 ) -> BridgeSetup:
@@ -153,6 +164,7 @@ def make_setup(
         **options,
     )
     setup.create_topics()
+    _MADE.append(setup)
     return setup
 
 
