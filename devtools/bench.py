@@ -559,9 +559,8 @@ def scenario_throughput(
         for n in range(fanout)
     ]
     expected = len(ids) * fanout
-    candidates = {"receiver": stage.receiver.pid if stage.receiver else None}
-    candidates["broker"] = stage.broker_pid
-    others = {name: pid for name, pid in candidates.items() if pid is not None}
+    pids = {"receiver": stage.receiver.pid if stage.receiver else None, "broker": stage.broker_pid}
+    others = {name: pid for name, pid in pids.items() if pid is not None}
     before = {name: process_cpu_seconds(pid) for name, pid in others.items()}
     started = time.time()
     with stage.bridge(topic, hooks, metrics=metrics) as process:

@@ -815,47 +815,44 @@ def block_documents(draw: st.DrawFn) -> str:
 _SCRUB_ALPHABET = st.characters(blacklist_characters="*", blacklist_categories=("Cs",))
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    secrets=st.lists(st.text(_SCRUB_ALPHABET, min_size=8, max_size=20), max_size=8),
-    pieces=st.lists(st.text(_SCRUB_ALPHABET, max_size=12), max_size=8),
-    picks=st.lists(st.integers(min_value=0, max_value=7), max_size=8),
-)
-def test_scrubbing_leaves_no_secret_in_a_message(
-    secrets: list[str], pieces: list[str], picks: list[int]
-) -> None:
-    """Whatever the secrets (overlapping, nested, adjacent) and however they are woven into a
-    message, none is left in it, and a message without one is unchanged."""
-    from bridge.config.loader import _Secrets
-
-    scrub = _Secrets(secrets).scrub
+@st.composite
+def _woven(draw: st.DrawFn, shortest: int) -> tuple[list[str], str]:
+    """Secrets of at least ``shortest`` characters, and a text weaving some of them (overlapping,
+    nested, adjacent) between pieces of other text."""
+    secrets = draw(st.lists(st.text(_SCRUB_ALPHABET, min_size=shortest, max_size=20), max_size=8))
+    pieces = draw(st.lists(st.text(_SCRUB_ALPHABET, max_size=12), max_size=8))
+    picks = draw(st.lists(st.integers(min_value=0, max_value=7), max_size=8))
     text = "".join(
         piece + (secrets[pick % len(secrets)] if secrets else "")
         for piece, pick in zip(pieces, picks, strict=False)
     )
-    masked = scrub(text)
+    return secrets, text
+
+
+@settings(max_examples=300, deadline=None)
+@given(_woven(shortest=8))
+def test_scrubbing_leaves_no_secret_in_a_message(woven: tuple[list[str], str]) -> None:
+    """Whatever the secrets (overlapping, nested, adjacent) and however they are woven into a
+    message, none is left in it, and a message without one is unchanged."""
+    from bridge.config.loader import _Secrets
+
+    secrets, text = woven
+    masked = _Secrets(secrets).scrub(text)
     assert not any(secret in masked for secret in secrets)
     if not any(secret in text for secret in secrets):
         assert masked == text
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    secrets=st.lists(st.text(_SCRUB_ALPHABET, min_size=1, max_size=20), max_size=8),
-    pieces=st.lists(st.text(_SCRUB_ALPHABET, max_size=12), max_size=8),
-    picks=st.lists(st.integers(min_value=0, max_value=7), max_size=8),
-)
+@given(_woven(shortest=1))
 def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it(
-    secrets: list[str], pieces: list[str], picks: list[int]
+    woven: tuple[list[str], str],
 ) -> None:
     """``found_in`` (its windows cut in C) says the same as looking for each secret of at least
     the scrubbing length, line breaks and all."""
     from bridge.config.loader import _SCRUB_MIN_LENGTH, _Secrets
 
-    text = "".join(
-        piece + (secrets[pick % len(secrets)] if secrets else "")
-        for piece, pick in zip(pieces, picks, strict=False)
-    )
+    secrets, text = woven
     long_enough = [secret for secret in secrets if len(secret) >= _SCRUB_MIN_LENGTH]
     assert _Secrets(secrets).found_in(text) == any(secret in text for secret in long_enough)
 
