@@ -23,6 +23,7 @@ from bridge.core.settings import Config
 from bridge.engine.pipeline import Pipeline, run_until
 from bridge.http.sender import HttpSender
 from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
+from bridge.kafka.lag import GroupLag
 from bridge.kafka.producer import DurableProducer
 from bridge.kafka.security import KafkaFatalError, producer_failure
 from bridge.ops.health import health_app, start_health_server
@@ -91,6 +92,12 @@ class App:
             decoder=build_decoder(config),
             metrics=self.metrics,
         )
+        self.group_lag = GroupLag(
+            {**settings, "logger": LIBRDKAFKA, "log_level": 2},  # the others log outages
+            config.kafka.group_id,
+            self.pipeline.topics(),
+            self._on_group_lag,
+        )
         self.stop_requested = asyncio.Event()
         self.clean = True  # False when shutdown had to leave something behind at the deadline
         # Loaded in a child process: parsing 10,000 webhooks in a thread held the interpreter
@@ -101,6 +108,10 @@ class App:
 
     def _on_stats(self, stats_json: str) -> None:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
+
+    def _on_group_lag(self, lag: dict[tuple[str, int], int] | None) -> None:
+        """On the lag reader's thread: the scrape reads the whole new mapping or the old one."""
+        self.metrics.group_lag.lag = lag or {}
 
     def _on_kafka_error(self, error: Any) -> None:
         if error.code() in BROKER_GONE:
@@ -208,6 +219,8 @@ class App:
         gc.freeze()
         watch_task = asyncio.create_task(self.watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())
+        if self.metrics.enabled:
+            self.group_lag.start()
         log.info(
             "bridge.started",
             extra={
@@ -227,6 +240,7 @@ class App:
         finally:
             stop_task.cancel()
             watch_task.cancel()
+            self.group_lag.stop()
             self.clean = await self._shut_down(runner)
         if self.failure is not None:
             raise self.failure

@@ -17,7 +17,7 @@ import contextlib
 import platform
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,6 +270,26 @@ class CommitAges:
         yield family
 
 
+class GroupLag:
+    """``bridge_group_lag``, the latest reading of :class:`bridge.kafka.lag.GroupLag` (set from
+    the event loop, read at each scrape); nothing while the last reading failed."""
+
+    def __init__(self) -> None:
+        self.lag: Mapping[tuple[str, int], int] = {}
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "bridge_group_lag",
+            "Records between the consumer group's committed offset and the end of each "
+            "partition of the bridge's topics, assigned anywhere or nowhere (read from the "
+            "cluster every 5 s; every replica reports the same group: take the max).",
+            labels=["topic", "partition"],
+        )
+        for (topic, partition), lag in sorted(self.lag.items()):
+            family.add_metric([topic, str(partition)], lag)
+        yield family
+
+
 class Metrics:
     """Every metric the bridge exports, registered on ``registry``.
 
@@ -426,8 +446,10 @@ class Metrics:
         )
         self._rung_of: dict[str, str] = {}  # delay topic -> rung label (name_rungs)
         self.commit_ages = CommitAges()
+        self.group_lag = GroupLag()
         if enabled:
             registry.register(self.commit_ages)
+            registry.register(self.group_lag)
         self.config_reloads = Counter(
             "bridge_config_reloads",
             "Configuration reloads by result (applied or rejected).",

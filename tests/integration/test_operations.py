@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,13 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bridge.config.loader import load_config
 from bridge.core.envelope import header_map
 from devtools.devkafka import Broker, free_port
-from devtools.samples import make_record
-from tests.bridge_harness import REPO, BridgeSetup, webhook
-from tests.kafka_helpers import QUIET, committed_offsets, create_topics, wait_for
+from devtools.samples import encode_records, make_record
+from tests.bridge_harness import REPO, SCHEMA, BridgeProcess, BridgeSetup, webhook
+from tests.kafka_helpers import QUIET, committed_offsets, create_topics, produce, wait_for
 from tests.receiver import Answer, Receiver, always, fail_first
 
 pytestmark = pytest.mark.integration
@@ -464,3 +467,78 @@ def test_a_config_directory_gets_a_webhook_through_a_kubelet_swap_and_delivers_t
     assert state == {"path": str(bridge.config_path), "in_force": True, "rejected": []}
     assert bridge.gauge("bridge_config_reloads_total", 'result="rejected"') == 0
     assert bridge.terminate() == 0
+
+
+def group_lags(bridge: BridgeProcess, topic: str) -> dict[int, float]:
+    """``bridge_group_lag`` of each partition of ``topic`` in the bridge's /metrics."""
+    found = re.findall(
+        rf'^bridge_group_lag\{{partition="(\d+)",topic="{re.escape(topic)}"\}} (\S+)$',
+        bridge.metrics(),
+        re.M,
+    )
+    return {int(partition): float(value) for partition, value in found}
+
+
+def test_group_lag_shows_partitions_no_replica_of_the_bridge_holds(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """The group's lag comes from the cluster, not from what this instance holds: a member of
+    the group that takes partitions and never finishes them (a stuck replica, a rebalance) leaves
+    their lag in every replica's metrics, exact, and it falls to 0 once the bridge has them."""
+    setup = bridge_setup([webhook("wh_1", "acct_1", receiver.url("/hook"))])
+    config = load_config(setup.config_path)
+    every_topic = [setup.source, *config.delay_topics, config.parked_topic]
+    bridge = setup.start_bridge()
+    wait_for(
+        lambda: all(group_lags(bridge, topic) == {0: 0, 1: 0, 2: 0} for topic in every_topic),
+        30,
+        message="every partition of every bridge topic at lag 0",
+    )
+    stuck = Consumer(
+        {
+            "bootstrap.servers": setup.bootstrap,
+            "group.id": setup.group,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "enable.auto.commit": False,
+            **QUIET,
+        }
+    )
+    held: list[int] = []
+
+    def took(_consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        held.extend(p.partition for p in partitions if p.topic == setup.source)
+
+    stuck.subscribe([setup.source], on_assign=took)
+    try:
+        wait_for(lambda: stuck.poll(0.2) is None and bool(held), 60, message="a stuck member")
+        for partition in held:
+            records = [make_record(f"tx-lag-{partition}-{i}", "acct_1") for i in range(5)]
+            produce(
+                setup.bootstrap, setup.source, encode_records(SCHEMA, records), partition=partition
+            )
+        expected = {p: (5.0 if p in held else 0.0) for p in range(3)}
+        wait_for(
+            lambda: group_lags(bridge, setup.source) == expected,
+            30,
+            message=f"the stuck member's partitions {held} 5 behind, in the bridge's metrics",
+        )
+        held_here = [
+            line
+            for line in bridge.metrics().splitlines()
+            if line.startswith("bridge_consumer_lag{")
+            and f'topic="{setup.source}"' in line
+            and any(f'partition="{p}"' in line for p in held)
+        ]
+        assert held_here == [], "librdkafka's lag covers the partitions held here only"
+    finally:
+        stuck.close()
+    wait_for(
+        lambda: len(receiver.received_ids("/hook")) == 5 * len(held),
+        60,
+        message="the stuck member's records delivered by the bridge",
+    )
+    wait_for(
+        lambda: group_lags(bridge, setup.source) == {0: 0, 1: 0, 2: 0},
+        30,
+        message="the group's lag back to 0 once the bridge has every partition",
+    )

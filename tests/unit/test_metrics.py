@@ -173,6 +173,17 @@ def test_commit_ages_are_read_at_each_scrape_one_series_per_partition() -> None:
     assert "tx.retry.1" not in generate_latest(registry).decode()
 
 
+def test_group_lag_shows_the_latest_reading_and_nothing_after_a_failed_one() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.group_lag.lag = {("tx", 1): 7, ("tx.retry.1", 0): 0}
+    text = generate_latest(registry).decode()
+    assert 'bridge_group_lag{partition="1",topic="tx"} 7.0' in text
+    assert 'bridge_group_lag{partition="0",topic="tx.retry.1"} 0.0' in text
+    metrics.group_lag.lag = {}  # what the app sets when a reading failed: no stale figure
+    assert "bridge_group_lag{" not in generate_latest(registry).decode()
+
+
 # ---- bounded series ----------------------------------------------------------------------------
 
 

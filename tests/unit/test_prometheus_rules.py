@@ -39,7 +39,7 @@ CHARTED = {
     "bridge_end_to_end_latency_seconds_bucket",
     "bridge_retries_scheduled_total",
     "bridge_dead_letters_total",
-    "bridge_consumer_lag",
+    "bridge_group_lag",
     "bridge_deliveries_in_flight",
     "bridge_paused_partitions",
     "bridge_config_reloads_total",

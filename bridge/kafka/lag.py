@@ -1,0 +1,150 @@
+"""The consumer group's lag, read from the cluster: for every partition of the bridge's topics,
+how many records lie between the group's committed offset and the partition's end.
+
+librdkafka's statistics give the lag of the partitions assigned to this instance only, and only
+once it knows both offsets. While the group rebalances (after a lost group coordinator, for as
+long as the group waits for its members to join again) no instance holds a partition, and the lag
+vanished from every instance's metrics exactly while it grew. The group's committed offsets are
+kept by the cluster whether or not anyone holds the partition, so this figure stays through
+rebalances, crashes and restarts; it is what the lag alerts rest on.
+
+The reader is a consumer of its own that never joins the group and never commits (its
+``group.id`` only names whose offsets to read), driven from a thread of its own: one metadata,
+one offset-fetch and one list-offsets request per partition leader a round, never on the
+delivery consumer's thread or the event loop. Not the admin client: under librdkafka 2.16 its
+requests timing out while a broker was down aborted the whole process (an assertion in
+``rd_kafka_enq_once_del_source_return``, three bridges of three in the cluster scenario).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+
+log = logging.getLogger("bridge.kafka")
+TP = tuple[str, int]
+INTERVAL_S = 5.0
+"""How often the lag is read (librdkafka's statistics come as often)."""
+TIMEOUT_S = 4.0
+"""How long one request may take; a round that fails leaves no figure rather than a stale one."""
+READER_SETTINGS = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+FROM_END = frozenset({"latest", "largest", "end"})
+"""``auto.offset.reset`` values that start a never-committed partition at its end."""
+
+
+def group_lag(
+    ends: Mapping[TP, int], committed: Mapping[TP, int], starts: Mapping[TP, int] | None
+) -> dict[TP, int]:
+    """Records between the group's committed offset and the end of each partition. A partition
+    the group never committed (a negative offset) is read from its start (in ``starts``; left
+    out when its start is unknown) or, with ``starts`` None (``auto.offset.reset`` latest), from
+    its end."""
+    lag = {}
+    for partition, end in ends.items():
+        done = committed.get(partition, -1)
+        if done < 0:
+            if starts is not None and partition not in starts:
+                continue
+            done = end if starts is None else starts[partition]
+        lag[partition] = max(0, end - done)
+    return lag
+
+
+class GroupLag:
+    """Reads the lag of ``group`` on ``topics`` every :data:`INTERVAL_S` seconds, on a daemon
+    thread of its own, and hands each reading to ``on_lag`` (called on that thread); a reading
+    that failed is handed over as ``None``."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        group: str,
+        topics: Iterable[str],
+        on_lag: Callable[[dict[TP, int] | None], None],
+        interval: float = INTERVAL_S,
+    ) -> None:
+        self.topics = list(topics)
+        self.on_lag = on_lag
+        self.interval = interval
+        self._from_start = str(settings.get("auto.offset.reset", "earliest")) not in FROM_END
+        self._consumer = Consumer({**settings, **READER_SETTINGS, "group.id": group})
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka-lag", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reading. Nothing waits for the thread: a request in flight while the brokers are
+        unreachable must not hold up the shutdown (the thread closes its reader when it ends)."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        failing = False
+        try:
+            while not self._stopped.is_set():
+                try:
+                    lag: dict[TP, int] | None = self.read()
+                except Exception as exc:  # any: the thread must outlive every reading
+                    if not failing:  # once per outage, not every round
+                        log.info("kafka.group_lag_unread", extra={"fields": {"error": str(exc)}})
+                    failing, lag = True, None
+                else:
+                    failing = False
+                if not self._stopped.is_set():
+                    self.on_lag(lag)
+                self._stopped.wait(self.interval)
+        finally:
+            self._consumer.close()
+
+    def read(self) -> dict[TP, int]:
+        """One reading (blocking): the lag of every partition of the topics whose committed
+        offset and end could be read (a partition whose leader is down is left out until it
+        has a leader again); raises when none could."""
+        metadata = self._consumer.list_topics(timeout=TIMEOUT_S)
+        leaders: dict[int, list[TP]] = {}
+        for name in self.topics:
+            topic = metadata.topics.get(name)
+            if topic is None or topic.error is not None:
+                raise KafkaException(topic.error if topic is not None else f"no topic {name}")
+            for partition in topic.partitions.values():
+                leaders.setdefault(partition.leader, []).append((name, partition.id))
+        if not leaders:
+            return {}
+        asked = [TopicPartition(*tp) for led in leaders.values() for tp in led]
+        committed = {
+            (found.topic, found.partition): found.offset
+            for found in self._consumer.committed(asked, timeout=TIMEOUT_S)
+            if found.error is None
+        }
+        led_here = [[tp for tp in led if tp in committed] for led in leaders.values()]
+        ends = self._offsets(led_here, OFFSET_END)
+        if not ends:
+            raise KafkaException("no partition's end could be read")
+        if not self._from_start:
+            return group_lag(ends, committed, None)
+        never = [[tp for tp in led if tp in ends and committed[tp] < 0] for led in led_here]
+        return group_lag(ends, committed, self._offsets(never, OFFSET_BEGINNING))
+
+    def _offsets(self, leaders: list[list[TP]], which: int) -> dict[TP, int]:
+        """The end (``OFFSET_END``) or start (``OFFSET_BEGINNING``) of each partition, asked of
+        each leader on its own, so that one leader down costs only its own partitions."""
+        offsets: dict[TP, int] = {}
+        for led in leaders:
+            if not led:
+                continue
+            asked = [TopicPartition(topic, partition, which) for topic, partition in led]
+            try:
+                found = self._consumer.offsets_for_times(asked, timeout=TIMEOUT_S)
+            except KafkaException:
+                continue
+            offsets.update(
+                ((p.topic, p.partition), p.offset)
+                for p in found
+                if p.error is None and p.offset >= 0
+            )
+        return offsets

@@ -1,0 +1,87 @@
+"""The group's lag from its committed offsets and the partitions' ends (bridge/kafka/lag.py)."""
+
+from __future__ import annotations
+
+import threading
+
+from confluent_kafka import KafkaException
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.kafka.lag import GroupLag, group_lag
+
+PARTITIONS = [("tx", 0), ("tx", 1), ("tx.retry.1", 0)]
+
+
+def test_lag_is_end_minus_committed_and_a_never_committed_partition_counts_from_its_start() -> None:
+    ends = {("tx", 0): 100, ("tx", 1): 50, ("tx.retry.1", 0): 9}
+    committed = {("tx", 0): 90, ("tx", 1): -1001}  # -1001: librdkafka's "no committed offset"
+    starts = {("tx", 1): 20, ("tx.retry.1", 0): 4}  # retention removed what came before
+    # ("tx.retry.1", 0) is not in ``committed``: never committed too.
+    assert group_lag(ends, committed, starts) == {
+        ("tx", 0): 10,
+        ("tx", 1): 30,
+        ("tx.retry.1", 0): 5,
+    }
+
+
+def test_a_never_committed_partition_whose_start_is_unknown_is_left_out() -> None:
+    ends = {("tx", 0): 100, ("tx", 1): 50}
+    assert group_lag(ends, {("tx", 1): -1001}, {}) == {}  # not 100 and 50: unknown, not behind
+
+
+def test_with_auto_offset_reset_latest_a_never_committed_partition_is_not_behind() -> None:
+    ends = {("tx", 0): 100, ("tx", 1): 50}
+    assert group_lag(ends, {("tx", 0): 60}, None) == {("tx", 0): 40, ("tx", 1): 0}
+
+
+offsets = st.integers(min_value=-1001, max_value=10_000)
+
+
+@given(
+    st.fixed_dictionaries({tp: st.integers(0, 10_000) for tp in PARTITIONS}),
+    st.dictionaries(st.sampled_from(PARTITIONS), offsets),
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(PARTITIONS), st.integers(0, 10_000))),
+)
+def test_every_partition_with_a_known_start_has_a_lag_never_negative_never_past_its_end(
+    ends: dict[tuple[str, int], int],
+    committed: dict[tuple[str, int], int],
+    starts: dict[tuple[str, int], int] | None,
+) -> None:
+    lag = group_lag(ends, committed, starts)
+    known = {tp for tp in ends if committed.get(tp, -1) >= 0 or starts is None or tp in starts}
+    assert set(lag) == known
+    for partition, behind in lag.items():
+        assert 0 <= behind <= ends[partition]
+        if committed.get(partition, -1) >= 0:
+            assert behind == max(0, ends[partition] - committed[partition])
+
+
+def test_the_reader_outlives_any_failed_reading_and_hands_over_none_for_it() -> None:
+    readings: list[dict[tuple[str, int], int] | None] = []
+    done = threading.Event()
+
+    def on_lag(lag: dict[tuple[str, int], int] | None) -> None:
+        readings.append(lag)
+        if len(readings) == 4:
+            done.set()
+
+    reader = GroupLag(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, "g", ["tx"], on_lag, interval=0.01
+    )
+    outcomes: list[object] = [RuntimeError("a bug"), KafkaException("timed out"), {("tx", 0): 3}]
+
+    def read() -> dict[tuple[str, int], int]:
+        outcome = outcomes.pop(0) if outcomes else {("tx", 0): 0}
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, dict)
+        return outcome
+
+    reader.read = read  # type: ignore[method-assign]
+    reader.start()
+    try:
+        assert done.wait(10), readings
+    finally:
+        reader.stop()
+    assert readings[:4] == [None, None, {("tx", 0): 3}, {("tx", 0): 0}]
