@@ -92,11 +92,17 @@ class App:
             decoder=build_decoder(config),
             metrics=self.metrics,
         )
-        self.group_lag = GroupLag(
-            {**settings, "logger": LIBRDKAFKA, "log_level": 2},  # the others log outages
-            config.kafka.group_id,
-            self.pipeline.topics(),
-            self._on_group_lag,
+        # Only with metrics: an idle reader still looks up the group's coordinator (2 connections)
+        # and, never started, would never be closed.
+        self.group_lag = (
+            GroupLag(
+                {**settings, "logger": LIBRDKAFKA, "log_level": 2},  # the others log outages
+                config.kafka.group_id,
+                self.pipeline.topics(),
+                self._on_group_lag,
+            )
+            if config.metrics.enabled
+            else None
         )
         self.stop_requested = asyncio.Event()
         self.clean = True  # False when shutdown had to leave something behind at the deadline
@@ -219,7 +225,7 @@ class App:
         gc.freeze()
         watch_task = asyncio.create_task(self.watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())
-        if self.metrics.enabled:
+        if self.group_lag is not None:
             self.group_lag.start()
         log.info(
             "bridge.started",
@@ -240,7 +246,8 @@ class App:
         finally:
             stop_task.cancel()
             watch_task.cancel()
-            self.group_lag.stop()
+            if self.group_lag is not None:
+                self.group_lag.stop()
             self.clean = await self._shut_down(runner)
         if self.failure is not None:
             raise self.failure

@@ -9,11 +9,16 @@ kept by the cluster whether or not anyone holds the partition, so this figure st
 rebalances, crashes and restarts; it is what the lag alerts rest on.
 
 The reader is a consumer of its own that never joins the group and never commits (its
-``group.id`` only names whose offsets to read), driven from a thread of its own: one metadata,
-one offset-fetch and one list-offsets request per partition leader a round, never on the
-delivery consumer's thread or the event loop. Not the admin client: under librdkafka 2.16 its
-requests timing out while a broker was down aborted the whole process (an assertion in
+``group.id`` only names whose offsets to read), driven from a thread of its own, never the
+delivery consumer's thread or the event loop. A round is one metadata request per topic, one
+offset-fetch, and one list-offsets request per partition leader (two when a partition was never
+committed); each request may wait :data:`TIMEOUT_S`, and the next round starts
+:data:`INTERVAL_S` after one ends. Not the admin client: under librdkafka 2.16 its requests
+timing out while a broker was down aborted the whole process (an assertion in
 ``rd_kafka_enq_once_del_source_return``, three bridges of three in the cluster scenario).
+
+The figure counts offsets: on a transactional or compacted topic, markers and removed records
+count too (as in librdkafka's own ``consumer_lag``).
 """
 
 from __future__ import annotations
@@ -104,17 +109,16 @@ class GroupLag:
     def read(self) -> dict[TP, int]:
         """One reading (blocking): the lag of every partition of the topics whose committed
         offset and end could be read (a partition whose leader is down is left out until it
-        has a leader again); raises when none could."""
-        metadata = self._consumer.list_topics(timeout=TIMEOUT_S)
+        has a leader again, a topic missing or refused likewise); raises when none could."""
         leaders: dict[int, list[TP]] = {}
-        for name in self.topics:
-            topic = metadata.topics.get(name)
+        for name in self.topics:  # one topic a request: never the whole cluster's metadata
+            topic = self._consumer.list_topics(name, timeout=TIMEOUT_S).topics.get(name)
             if topic is None or topic.error is not None:
-                raise KafkaException(topic.error if topic is not None else f"no topic {name}")
+                continue  # a topic missing or refused is left out, like a partition led by none
             for partition in topic.partitions.values():
                 leaders.setdefault(partition.leader, []).append((name, partition.id))
         if not leaders:
-            return {}
+            raise KafkaException(f"none of the topics known: {', '.join(self.topics)}")
         asked = [TopicPartition(*tp) for led in leaders.values() for tp in led]
         committed = {
             (found.topic, found.partition): found.offset

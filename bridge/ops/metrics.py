@@ -271,8 +271,8 @@ class CommitAges:
 
 
 class GroupLag:
-    """``bridge_group_lag``, the latest reading of :class:`bridge.kafka.lag.GroupLag` (set from
-    the event loop, read at each scrape); nothing while the last reading failed."""
+    """``bridge_group_lag``, the latest reading of :class:`bridge.kafka.lag.GroupLag` (replaced
+    whole by the reader's thread, read at each scrape); nothing while the last reading failed."""
 
     def __init__(self) -> None:
         self.lag: Mapping[tuple[str, int], int] = {}

@@ -542,3 +542,22 @@ def test_group_lag_shows_partitions_no_replica_of_the_bridge_holds(
         30,
         message="the group's lag back to 0 once the bridge has every partition",
     )
+
+
+def test_group_lag_of_the_source_stays_when_another_bridge_topic_is_missing(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """``bridge run`` does not create topics: a parking topic deleted (or never created) leaves
+    the other topics' lag, and the alerts on the source's, in place."""
+    setup = bridge_setup([webhook("wh_1", "acct_1", receiver.url("/hook"))])
+    parked = load_config(setup.config_path).parked_topic
+    admin = AdminClient({"bootstrap.servers": setup.bootstrap, **QUIET})
+    admin.delete_topics([parked])[parked].result()
+    wait_for(lambda: parked not in admin.list_topics(timeout=5).topics, 30, message="topic gone")
+    bridge = setup.start_bridge()
+    wait_for(
+        lambda: group_lags(bridge, setup.source) == {0: 0, 1: 0, 2: 0},
+        30,
+        message="the source's group lag while the parking topic is missing",
+    )
+    assert group_lags(bridge, parked) == {}

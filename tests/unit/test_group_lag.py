@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
-from confluent_kafka import KafkaException
+import pytest
+from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,3 +87,42 @@ def test_the_reader_outlives_any_failed_reading_and_hands_over_none_for_it() -> 
     finally:
         reader.stop()
     assert readings[:4] == [None, None, {("tx", 0): 3}, {("tx", 0): 0}]
+
+
+class FakeReader:
+    """The calls ``GroupLag.read`` makes on its consumer, answered from tables."""
+
+    def __init__(self, topics: dict[str, int], committed: int, end: int) -> None:
+        self.topics, self.committed_at, self.end = topics, committed, end
+
+    def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+        found = {}
+        if topic in self.topics:
+            partitions = {p: SimpleNamespace(id=p, leader=1) for p in range(self.topics[topic])}
+            found[topic] = SimpleNamespace(error=None, partitions=partitions)
+        return SimpleNamespace(topics=found)
+
+    def committed(self, asked: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(p.topic, p.partition, self.committed_at) for p in asked]
+
+    def offsets_for_times(
+        self, asked: list[TopicPartition], timeout: float
+    ) -> list[TopicPartition]:
+        return [TopicPartition(p.topic, p.partition, self.end) for p in asked]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_topic_the_cluster_does_not_know_leaves_the_others_figures() -> None:
+    """A parking topic never created (``bridge run`` does not create topics) must not take the
+    source's lag, and the alerts on it, away; with no topic known the reading fails."""
+    reader = GroupLag(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, "g", ["tx", "tx.parked"], print
+    )
+    reader._consumer.close()
+    reader._consumer = FakeReader({"tx": 2}, committed=7, end=10)  # type: ignore[assignment]
+    assert reader.read() == {("tx", 0): 3, ("tx", 1): 3}
+    reader._consumer = FakeReader({}, committed=7, end=10)  # type: ignore[assignment]
+    with pytest.raises(KafkaException, match="none of the topics known"):
+        reader.read()
