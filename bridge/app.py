@@ -23,7 +23,7 @@ from bridge.core.settings import Config
 from bridge.engine.pipeline import Pipeline, run_until
 from bridge.http.sender import HttpSender
 from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
-from bridge.kafka.lag import GroupLag
+from bridge.kafka.lag import GroupLag, Reading
 from bridge.kafka.producer import DurableProducer
 from bridge.kafka.security import KafkaFatalError, producer_failure
 from bridge.ops.health import health_app, start_health_server
@@ -115,9 +115,9 @@ class App:
     def _on_stats(self, stats_json: str) -> None:
         self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
 
-    def _on_group_lag(self, lag: dict[tuple[str, int], int] | None) -> None:
-        """On the lag reader's thread: the scrape reads the whole new mapping or the old one."""
-        self.metrics.group_lag.lag = lag or {}
+    def _on_group_lag(self, reading: Reading | None) -> None:
+        """On the lag reader's thread: a scrape sees the figures of one reading or the last."""
+        self.metrics.group.reading = reading or Reading()
 
     def _on_kafka_error(self, error: Any) -> None:
         if error.code() in BROKER_GONE:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
@@ -59,6 +61,16 @@ def group_lag(
     return lag
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One reading of the group: each partition's lag, and for how long its committed offset has
+    not moved while it is behind (0 when it is not behind; counted from the first reading that
+    saw that committed offset, so up to one interval short)."""
+
+    lag: dict[TP, int] = field(default_factory=dict)
+    commit_age: dict[TP, float] = field(default_factory=dict)
+
+
 class GroupLag:
     """Reads the lag of ``group`` on ``topics`` every :data:`INTERVAL_S` seconds, on a daemon
     thread of its own, and hands each reading to ``on_lag`` (called on that thread); a reading
@@ -69,14 +81,17 @@ class GroupLag:
         settings: Mapping[str, Any],
         group: str,
         topics: Iterable[str],
-        on_lag: Callable[[dict[TP, int] | None], None],
+        on_lag: Callable[[Reading | None], None],
         interval: float = INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topics = list(topics)
         self.on_lag = on_lag
         self.interval = interval
         self._from_start = str(settings.get("auto.offset.reset", "earliest")) not in FROM_END
         self._consumer = Consumer({**settings, **READER_SETTINGS, "group.id": group})
+        self._clock = clock
+        self._since: dict[TP, tuple[int, float]] = {}  # committed offset, first seen at
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-lag", daemon=True)
 
@@ -93,20 +108,20 @@ class GroupLag:
         try:
             while not self._stopped.is_set():
                 try:
-                    lag: dict[TP, int] | None = self.read()
+                    reading: Reading | None = self.read()
                 except Exception as exc:  # any: the thread must outlive every reading
                     if not failing:  # once per outage, not every round
                         log.info("kafka.group_lag_unread", extra={"fields": {"error": str(exc)}})
-                    failing, lag = True, None
+                    failing, reading = True, None
                 else:
                     failing = False
                 if not self._stopped.is_set():
-                    self.on_lag(lag)
+                    self.on_lag(reading)
                 self._stopped.wait(self.interval)
         finally:
             self._consumer.close()
 
-    def read(self) -> dict[TP, int]:
+    def read(self) -> Reading:
         """One reading (blocking): the lag of every partition of the topics whose committed
         offset and end could be read (a partition whose leader is down is left out until it
         has a leader again, a topic missing or refused likewise); raises when none could."""
@@ -129,10 +144,24 @@ class GroupLag:
         ends = self._offsets(led_here, OFFSET_END)
         if not ends:
             raise KafkaException("no partition's end could be read")
-        if not self._from_start:
-            return group_lag(ends, committed, None)
-        never = [[tp for tp in led if tp in ends and committed[tp] < 0] for led in led_here]
-        return group_lag(ends, committed, self._offsets(never, OFFSET_BEGINNING))
+        if self._from_start:
+            never = [[tp for tp in led if tp in ends and committed[tp] < 0] for led in led_here]
+            lag = group_lag(ends, committed, self._offsets(never, OFFSET_BEGINNING))
+        else:
+            lag = group_lag(ends, committed, None)
+        return Reading(lag, self._commit_ages(lag, committed))
+
+    def _commit_ages(self, lag: Mapping[TP, int], committed: Mapping[TP, int]) -> dict[TP, float]:
+        """How long each partition's committed offset has stood while it is behind."""
+        now = self._clock()
+        ages = {}
+        for partition, behind in lag.items():
+            offset = committed[partition]
+            seen = self._since.get(partition)
+            if seen is None or seen[0] != offset:
+                seen = self._since[partition] = (offset, now)
+            ages[partition] = round(now - seen[1], 3) if behind else 0.0
+        return ages
 
     def _offsets(self, leaders: list[list[TP]], which: int) -> dict[TP, int]:
         """The end (``OFFSET_END``) or start (``OFFSET_BEGINNING``) of each partition, asked of

@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
 from bridge import __version__
+from bridge.kafka.lag import Reading
 
 # Webhook deliveries take milliseconds to seconds and time out at 10 s by default.
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -270,24 +271,50 @@ class CommitAges:
         yield family
 
 
-class GroupLag:
-    """``bridge_group_lag``, the latest reading of :class:`bridge.kafka.lag.GroupLag` (replaced
-    whole by the reader's thread, read at each scrape); nothing while the last reading failed."""
+class GroupFigures:
+    """The consumer group's figures, read from the cluster by :class:`bridge.kafka.lag.GroupLag`
+    (``reading`` replaced whole by the reader's thread, read at each scrape; empty while the
+    last reading failed): every partition of the bridge's topics, whoever holds it. Every
+    replica reports the same group: take the max across replicas."""
 
     def __init__(self) -> None:
-        self.lag: Mapping[tuple[str, int], int] = {}
+        self.reading = Reading()
+        self.rung_of: Mapping[str, str] = {}  # delay topic -> rung label (Metrics.name_rungs)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
+        reading = self.reading
+        lag, commit_age = reading.lag, reading.commit_age
+        lags = GaugeMetricFamily(
             "bridge_group_lag",
             "Records between the consumer group's committed offset and the end of each "
-            "partition of the bridge's topics, assigned anywhere or nowhere (read from the "
-            "cluster every 5 s; every replica reports the same group: take the max).",
+            "partition of the bridge's topics, held by a replica or not (read from the cluster "
+            "every 5 s; every replica reports the same group: take the max).",
             labels=["topic", "partition"],
         )
-        for (topic, partition), lag in sorted(self.lag.items()):
-            family.add_metric([topic, str(partition)], lag)
-        yield family
+        ages = GaugeMetricFamily(
+            "bridge_group_commit_age_seconds",
+            "Seconds the consumer group's committed offset of each partition has not moved "
+            "while records wait behind it, held by a replica or not; 0 when none wait (read "
+            "every 5 s, so up to 5 s short; take the max across replicas).",
+            labels=["topic", "partition"],
+        )
+        depth = GaugeMetricFamily(
+            "bridge_group_ladder_depth",
+            "Deliveries waiting in each rung of the retry ladder (rung 1.., and parked): the "
+            "group's lag on the rung's delay topic, all partitions (take the max across "
+            "replicas).",
+            labels=["rung"],
+        )
+        waiting = dict.fromkeys(self.rung_of.values(), 0) if lag else {}
+        for (topic, partition), behind in sorted(lag.items()):
+            lags.add_metric([topic, str(partition)], behind)
+            ages.add_metric([topic, str(partition)], commit_age.get((topic, partition), 0.0))
+            rung = self.rung_of.get(topic)
+            if rung is not None:
+                waiting[rung] += behind
+        for rung, count in waiting.items():
+            depth.add_metric([rung], count)
+        yield from (lags, ages, depth)
 
 
 class Metrics:
@@ -446,10 +473,10 @@ class Metrics:
         )
         self._rung_of: dict[str, str] = {}  # delay topic -> rung label (name_rungs)
         self.commit_ages = CommitAges()
-        self.group_lag = GroupLag()
+        self.group = GroupFigures()
         if enabled:
             registry.register(self.commit_ages)
-            registry.register(self.group_lag)
+            registry.register(self.group)
         self.config_reloads = Counter(
             "bridge_config_reloads",
             "Configuration reloads by result (applied or rejected).",
@@ -539,6 +566,7 @@ class Metrics:
         """Which topic is which rung, for ``bridge_retry_ladder_depth`` (each at 0 at first)."""
         self._rung_of = {topic: str(rung) for rung, topic in enumerate(delay_topics, 1)}
         self._rung_of[parked_topic] = "parked"
+        self.group.rung_of = dict(self._rung_of)
         for rung in self._rung_of.values():
             self.ladder_depth.labels(rung).set(0)
 

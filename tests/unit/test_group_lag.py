@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.kafka.lag import GroupLag, group_lag
+from bridge.kafka.lag import GroupLag, Reading, group_lag
 
 PARTITIONS = [("tx", 0), ("tx", 1), ("tx.retry.1", 0)]
+TX0 = ("tx", 0)
 
 
 def test_lag_is_end_minus_committed_and_a_never_committed_partition_counts_from_its_start() -> None:
@@ -60,24 +62,24 @@ def test_every_partition_with_a_known_start_has_a_lag_never_negative_never_past_
 
 
 def test_the_reader_outlives_any_failed_reading_and_hands_over_none_for_it() -> None:
-    readings: list[dict[tuple[str, int], int] | None] = []
+    readings: list[Reading | None] = []
     done = threading.Event()
 
-    def on_lag(lag: dict[tuple[str, int], int] | None) -> None:
-        readings.append(lag)
+    def on_lag(reading: Reading | None) -> None:
+        readings.append(reading)
         if len(readings) == 4:
             done.set()
 
     reader = GroupLag(
         {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, "g", ["tx"], on_lag, interval=0.01
     )
-    outcomes: list[object] = [RuntimeError("a bug"), KafkaException("timed out"), {("tx", 0): 3}]
+    outcomes: list[object] = [RuntimeError("a bug"), KafkaException("timed out"), Reading({TX0: 3})]
 
-    def read() -> dict[tuple[str, int], int]:
-        outcome = outcomes.pop(0) if outcomes else {("tx", 0): 0}
+    def read() -> Reading:
+        outcome = outcomes.pop(0) if outcomes else Reading({TX0: 0})
         if isinstance(outcome, Exception):
             raise outcome
-        assert isinstance(outcome, dict)
+        assert isinstance(outcome, Reading)
         return outcome
 
     reader.read = read  # type: ignore[method-assign]
@@ -86,14 +88,14 @@ def test_the_reader_outlives_any_failed_reading_and_hands_over_none_for_it() -> 
         assert done.wait(10), readings
     finally:
         reader.stop()
-    assert readings[:4] == [None, None, {("tx", 0): 3}, {("tx", 0): 0}]
+    assert readings[:4] == [None, None, Reading({TX0: 3}), Reading({TX0: 0})]
 
 
 class FakeReader:
     """The calls ``GroupLag.read`` makes on its consumer, answered from tables."""
 
     def __init__(self, topics: dict[str, int], committed: int, end: int) -> None:
-        self.topics, self.committed_at, self.end = topics, committed, end
+        self.topics, self.committed_at, self.end = topics, committed, end  # every partition
 
     def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
         found = {}
@@ -117,12 +119,34 @@ class FakeReader:
 def test_a_topic_the_cluster_does_not_know_leaves_the_others_figures() -> None:
     """A parking topic never created (``bridge run`` does not create topics) must not take the
     source's lag, and the alerts on it, away; with no topic known the reading fails."""
-    reader = GroupLag(
-        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, "g", ["tx", "tx.parked"], print
-    )
-    reader._consumer.close()
-    reader._consumer = FakeReader({"tx": 2}, committed=7, end=10)  # type: ignore[assignment]
-    assert reader.read() == {("tx", 0): 3, ("tx", 1): 3}
+    reader = faked(["tx", "tx.parked"], FakeReader({"tx": 2}, committed=7, end=10))
+    assert reader.read().lag == {("tx", 0): 3, ("tx", 1): 3}
     reader._consumer = FakeReader({}, committed=7, end=10)  # type: ignore[assignment]
     with pytest.raises(KafkaException, match="none of the topics known"):
         reader.read()
+
+
+def faked(topics: list[str], consumer: FakeReader, clock: Any = None) -> GroupLag:
+    """A reader whose consumer calls are answered by ``consumer``."""
+    options = {} if clock is None else {"clock": clock}
+    reader = GroupLag(
+        {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, "g", topics, print, **options
+    )
+    reader._consumer.close()
+    reader._consumer = consumer  # type: ignore[assignment]
+    return reader
+
+
+def test_commit_age_counts_while_the_committed_offset_stands_behind_the_end() -> None:
+    now = [100.0]
+    table = FakeReader({"tx": 1}, committed=7, end=10)
+    reader = faked(["tx"], table, clock=lambda: now[0])
+    assert reader.read().commit_age == {TX0: 0.0}  # first seen now
+    now[0] = 112.5
+    assert reader.read().commit_age == {TX0: 12.5}  # stood still, 3 behind
+    table.committed_at, now[0] = 8, 120.0
+    assert reader.read().commit_age == {TX0: 0.0}  # moved: counts again from here
+    table.committed_at, now[0] = 10, 130.0
+    assert reader.read().commit_age == {TX0: 0.0}  # caught up
+    now[0] = 200.0
+    assert reader.read().commit_age == {TX0: 0.0}  # idle, nothing behind: not stuck

@@ -8,6 +8,7 @@ import random
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from bridge.kafka.lag import Reading
 from bridge.ops.metrics import (
     IDLE_AFTER_S,
     NO_WEBHOOK,
@@ -173,15 +174,25 @@ def test_commit_ages_are_read_at_each_scrape_one_series_per_partition() -> None:
     assert "tx.retry.1" not in generate_latest(registry).decode()
 
 
-def test_group_lag_shows_the_latest_reading_and_nothing_after_a_failed_one() -> None:
+def test_group_figures_show_the_latest_reading_and_nothing_after_a_failed_one() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry)
-    metrics.group_lag.lag = {("tx", 1): 7, ("tx.retry.1", 0): 0}
+    metrics.name_rungs(["tx.retry.1", "tx.retry.2"], "tx.parked")
+    metrics.group.reading = Reading(
+        {("tx", 1): 7, ("tx.retry.1", 0): 2, ("tx.retry.1", 1): 3, ("tx.parked", 0): 0},
+        {("tx", 1): 12.5, ("tx.retry.1", 0): 0.0, ("tx.retry.1", 1): 4.0, ("tx.parked", 0): 0.0},
+    )
     text = generate_latest(registry).decode()
     assert 'bridge_group_lag{partition="1",topic="tx"} 7.0' in text
-    assert 'bridge_group_lag{partition="0",topic="tx.retry.1"} 0.0' in text
-    metrics.group_lag.lag = {}  # what the app sets when a reading failed: no stale figure
-    assert "bridge_group_lag{" not in generate_latest(registry).decode()
+    assert 'bridge_group_commit_age_seconds{partition="1",topic="tx"} 12.5' in text
+    assert 'bridge_group_ladder_depth{rung="1"} 5.0' in text
+    assert 'bridge_group_ladder_depth{rung="2"} 0.0' in text  # no partition read: none waiting
+    assert 'bridge_group_ladder_depth{rung="parked"} 0.0' in text
+    metrics.group.reading = Reading()  # what the app sets when a reading failed: no stale figure
+    text = generate_latest(registry).decode()
+    assert "bridge_group_lag{" not in text
+    assert "bridge_group_commit_age_seconds{" not in text
+    assert "bridge_group_ladder_depth{" not in text
 
 
 # ---- bounded series ----------------------------------------------------------------------------
