@@ -65,7 +65,7 @@ def group_lag(
 class Reading:
     """One reading of the group: each partition's lag, and for how long its committed offset has
     not moved while it is behind (0 when it is not behind; counted from the first reading that
-    saw that committed offset, so up to one interval short)."""
+    saw it behind at that offset, so up to one interval short)."""
 
     lag: dict[TP, int] = field(default_factory=dict)
     commit_age: dict[TP, float] = field(default_factory=dict)
@@ -152,15 +152,21 @@ class GroupLag:
         return Reading(lag, self._commit_ages(lag, committed))
 
     def _commit_ages(self, lag: Mapping[TP, int], committed: Mapping[TP, int]) -> dict[TP, float]:
-        """How long each partition's committed offset has stood while it is behind."""
+        """How long each partition's committed offset has stood while it is behind: since the
+        first reading that saw it behind at that offset (a partition idle for an hour that
+        gets a record is behind from then, not for an hour)."""
         now = self._clock()
         ages = {}
         for partition, behind in lag.items():
+            if not behind:
+                self._since.pop(partition, None)
+                ages[partition] = 0.0
+                continue
             offset = committed[partition]
             seen = self._since.get(partition)
             if seen is None or seen[0] != offset:
                 seen = self._since[partition] = (offset, now)
-            ages[partition] = round(now - seen[1], 3) if behind else 0.0
+            ages[partition] = round(now - seen[1], 3)
         return ages
 
     def _offsets(self, leaders: list[list[TP]], which: int) -> dict[TP, int]:

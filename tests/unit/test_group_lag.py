@@ -148,5 +148,9 @@ def test_commit_age_counts_while_the_committed_offset_stands_behind_the_end() ->
     assert reader.read().commit_age == {TX0: 0.0}  # moved: counts again from here
     table.committed_at, now[0] = 10, 130.0
     assert reader.read().commit_age == {TX0: 0.0}  # caught up
-    now[0] = 200.0
+    now[0] = 4000.0
     assert reader.read().commit_age == {TX0: 0.0}  # idle, nothing behind: not stuck
+    table.end, now[0] = 11, 4002.0  # a record after an hour idle: behind from now, not an hour
+    assert reader.read().commit_age == {TX0: 0.0}
+    now[0] = 4007.0
+    assert reader.read().commit_age == {TX0: 5.0}
