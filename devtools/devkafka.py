@@ -138,6 +138,16 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
         process.wait()
 
 
+def kafka_uuid() -> str:
+    """A Kafka Uuid as its tools write one: 16 random bytes, URL-safe base64 without padding,
+    never starting with ``-`` (Kafka's ``Uuid.randomUuid`` draws again then: the storage tool's
+    ``-t`` would take such an id for an option, and one cluster start in 64 failed so)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as sock:
@@ -412,7 +422,7 @@ class Broker:
                 cid, standalone = self.quorum.cluster_id, []
             else:
                 cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
-                cid, standalone = cluster_id.stdout.strip() or str(uuid.uuid4()), ["--standalone"]
+                cid, standalone = cluster_id.stdout.strip() or kafka_uuid(), ["--standalone"]
             scram = [] if self.security is None else self.security.scram_arguments()
             fmt = _run(
                 self._java(
@@ -526,8 +536,7 @@ class Cluster:
         bootstrap list."""
         ports = {node: (free_port(), free_port()) for node in range(1, self.size + 1)}
         voters = tuple((node, controller) for node, (_, controller) in ports.items())
-        # A Kafka Uuid: 16 random bytes, URL-safe base64 without padding.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = kafka_uuid()
         self.nodes = {
             node: Broker(
                 self.home / f"node-{node}",
