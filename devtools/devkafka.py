@@ -420,9 +420,8 @@ class Broker:
             props = self._write_properties(ports)
             if self.quorum is not None:  # every node of a cluster is formatted with its id
                 cid, standalone = self.quorum.cluster_id, []
-            else:
-                cluster_id = _run(self._java(libs, "kafka.tools.StorageTool", "random-uuid"))
-                cid, standalone = cluster_id.stdout.strip() or kafka_uuid(), ["--standalone"]
+            else:  # the id the storage tool's random-uuid would print, without starting a JVM
+                cid, standalone = kafka_uuid(), ["--standalone"]
             scram = [] if self.security is None else self.security.scram_arguments()
             fmt = _run(
                 self._java(

@@ -471,7 +471,6 @@ class Metrics:
             ["rung"],
             registry=registry,
         )
-        self._rung_of: dict[str, str] = {}  # delay topic -> rung label (name_rungs)
         self.commit_ages = CommitAges()
         self.group = GroupFigures()
         if enabled:
@@ -564,10 +563,10 @@ class Metrics:
 
     def name_rungs(self, delay_topics: Iterable[str], parked_topic: str) -> None:
         """Which topic is which rung, for ``bridge_retry_ladder_depth`` (each at 0 at first)."""
-        self._rung_of = {topic: str(rung) for rung, topic in enumerate(delay_topics, 1)}
-        self._rung_of[parked_topic] = "parked"
-        self.group.rung_of = dict(self._rung_of)
-        for rung in self._rung_of.values():
+        rung_of = {topic: str(rung) for rung, topic in enumerate(delay_topics, 1)}
+        rung_of[parked_topic] = "parked"
+        self.group.rung_of = rung_of  # one mapping, read by the statistics and the group's figures
+        for rung in rung_of.values():
             self.ladder_depth.labels(rung).set(0)
 
     def record_statistics(self, stats: dict[str, object]) -> bool:
@@ -579,15 +578,16 @@ class Metrics:
         network cut) stays "UP" until librdkafka's requests time out, a minute by default; its
         silence shows at once."""
         topics = stats.get("topics", {})
-        depth = dict.fromkeys(self._rung_of.values(), 0)
+        rung_of = self.group.rung_of
+        depth = dict.fromkeys(rung_of.values(), 0)
         for topic, data in topics.items() if isinstance(topics, dict) else ():
             for partition, info in data.get("partitions", {}).items():
                 if partition == "-1" or not info.get("desired"):
                     continue
                 if info.get("consumer_lag", -1) >= 0:
                     self.consumer_lag.labels(topic, partition).set(info["consumer_lag"])
-                    if topic in self._rung_of:
-                        depth[self._rung_of[topic]] += info["consumer_lag"]
+                    if topic in rung_of:
+                        depth[rung_of[topic]] += info["consumer_lag"]
                 if info.get("committed_offset", -1) >= 0:
                     self.committed_offset.labels(topic, partition).set(info["committed_offset"])
         for rung, waiting in depth.items():
