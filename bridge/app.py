@@ -31,13 +31,26 @@ from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.app")
-BROKER_GONE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT})
-"""librdkafka errors after which no broker is known to be reachable (readiness turns false)."""
+
+
 BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
 FAILED_GRACE_S = 5.0
 """The shutdown grace after the producer failed for good (at most ``shutdown_grace_seconds``):
 nothing more can be parked or dead-lettered, so there is nothing to wait for but the commit of
 what is finished."""
+
+
+def brokers_after_error(code: int, brokers_up: int) -> int:
+    """How many brokers are known reachable after a librdkafka error, from how many the last
+    statistics counted: none once all are down; none after a lost connection if at most one was
+    up (it was that one); otherwise as many as before. One broker of three lost is not "no broker":
+    librdkafka reports each failed reconnect to it, and readiness must not follow them (a cluster
+    scenario saw /readyz 503 with two nodes of three serving). The next statistics count again."""
+    if code == KafkaError._ALL_BROKERS_DOWN:
+        return 0
+    if code == KafkaError._TRANSPORT and brokers_up <= 1:
+        return 0
+    return brokers_up
 
 
 def bound_port(runner: web.AppRunner) -> int:
@@ -62,7 +75,7 @@ class App:
             enabled=config.metrics.enabled,
             webhook_series=config.metrics.webhook_series,
         )
-        self.broker_up = False
+        self.brokers_up = 0  # brokers heard from, as of the last statistics or error
         self.failure: KafkaFatalError | None = None  # ends ``run`` (raised after the shutdown)
         self._loop = asyncio.get_running_loop()  # built inside ``bridge run``'s event loop
         settings = config.kafka_settings()
@@ -113,16 +126,17 @@ class App:
         )
 
     def _on_stats(self, stats_json: str) -> None:
-        self.broker_up = self.metrics.record_statistics(json.loads(stats_json))
+        self.brokers_up = self.metrics.record_statistics(json.loads(stats_json))
 
     def _on_group_lag(self, reading: Reading | None) -> None:
         """On the lag reader's thread: a scrape sees the figures of one reading or the last."""
         self.metrics.group.reading = reading or Reading()
 
     def _on_kafka_error(self, error: Any) -> None:
-        if error.code() in BROKER_GONE:
-            self.broker_up = False
-            self.metrics.brokers_reachable.set(0)
+        up = brokers_after_error(error.code(), self.brokers_up)
+        if up != self.brokers_up:
+            self.brokers_up = up
+            self.metrics.brokers_reachable.set(up)
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 
     def _on_producer_fatal(self, error: KafkaError) -> None:
@@ -148,7 +162,7 @@ class App:
         """The checks behind ``/readyz``."""
         return {
             "config_loaded": True,
-            "broker_reachable": self.broker_up
+            "broker_reachable": self.brokers_up > 0
             or time.monotonic() - self.pipeline.last_message < BROKER_SILENCE_S,
             "consuming": not self.pipeline.stopping,
             "producing": self.failure is None,

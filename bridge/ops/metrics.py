@@ -569,9 +569,9 @@ class Metrics:
         for rung in rung_of.values():
             self.ladder_depth.labels(rung).set(0)
 
-    def record_statistics(self, stats: dict[str, object]) -> bool:
+    def record_statistics(self, stats: dict[str, object]) -> int:
         """Update lag, committed offsets and the brokers reachable from librdkafka statistics;
-        True if a broker is up:
+        return how many brokers are up:
         connected, and heard from in the last :data:`RX_IDLE_LIMIT_US` (a member of a group hears
         from its coordinator at every heartbeat, 3 s, and a fetching consumer from its brokers at
         least every ``fetch.wait.max.ms``). A connection whose packets are silently dropped (a
@@ -601,4 +601,4 @@ class Metrics:
             and b.get("rxidle", -1) < RX_IDLE_LIMIT_US
         )
         self.brokers_reachable.set(reachable)
-        return reachable > 0
+        return reachable
