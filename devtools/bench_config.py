@@ -5,7 +5,8 @@ of the child, median and spread over rounds).
 ``python -m devtools.bench_config [--sizes 1000,10000] [--rounds 3] [--workdir DIR]`` prints the
 scenario's result as JSON; ``write_config(path, n)`` alone writes a file (``--write FILE -n N``).
 
-The webhooks vary the way a large deployment does: several accounts, hosts shared by a few
+The webhooks vary the way a large deployment does, written half quoted in flow style, half in plain
+block style sharing an anchored list through aliases: several accounts, hosts shared by a few
 webhooks each, non-ASCII (IDNA) host names, public IP literals with and without a port, both
 events or one, secrets inline, ``whsec_`` or from the environment (:data:`SECRET_ENV`), the
 ``secret`` signature with its own ``standard_webhooks_secret``, per-webhook timeouts, concurrency
@@ -66,43 +67,61 @@ def _host(index: int) -> str:
 
 
 def webhook_yaml(index: int) -> str:
-    """One webhook entry (a YAML list item, indented under ``webhooks:``)."""
+    """One webhook entry (a YAML list item, indented under ``webhooks:``). Written the two ways
+    people write YAML: even entries with every string quoted and flow lists, odd ones in plain
+    block style (scalars unquoted, resolved by their text), their two events an alias of the list
+    anchored in the first of them (so the document is a graph, walked for its aliases)."""
     host = _host(index)
     port = f":{8443 + index % 3}" if index % 10 == 1 else ""
     url = f"https://{host}{port}/webhooks/{index}?source=bridge"
     if index % 17 == 5:
         url = f"http://{host}/notify/{index}"
-    events = (
-        '["transaction.success", "transaction.failed"]' if index % 3 else '["transaction.failed"]'
-    )
+    both = bool(index % 3)
+    if index % 2 == 0:
+        quoted = '"{}"'.format
+        events = (
+            ' ["transaction.success", "transaction.failed"]' if both else ' ["transaction.failed"]'
+        )
+    else:
+        quoted = str
+        if not both:
+            events = "\n      - transaction.failed"
+        elif index == _FIRST_PLAIN_BOTH:
+            events = " &both\n      - transaction.success\n      - transaction.failed"
+        else:
+            events = " *both"
     lines = [
-        f'  - id: "wh-{index:06d}"',
-        f'    account: "acct_{index // 7:05d}"',
-        f'    url: "{url}"',
-        f"    events: {events}",
+        f"  - id: {quoted(f'wh-{index:06d}')}",
+        f"    account: {quoted(f'acct_{index // 7:05d}')}",
+        f"    url: {quoted(url)}",
+        f"    events:{events}",
     ]
     style = index % 9
     if style == 0:
-        lines.append(f'    secret: "${{{SECRET_ENV}}}"')
+        lines.append(f"    secret: {quoted(f'${{{SECRET_ENV}}}')}")
     elif style == 1:
-        lines.append(f'    secret: "{_whsec(f"current-{index}")}"')
+        lines.append(f"    secret: {quoted(_whsec(f'current-{index}'))}")
         if index % 2:
-            lines.append(f'    previous_secret: "{_whsec(f"previous-{index}")}"')
+            lines.append(f"    previous_secret: {quoted(_whsec(f'previous-{index}'))}")
     elif style == 2 and url.startswith("https://"):
-        lines.append('    signature: "secret"')
-        lines.append(f'    secret: "{_token(f"header-{index}", 40)}"')
-        lines.append(f'    standard_webhooks_secret: "{_whsec(f"standard-{index}")}"')
+        lines.append(f"    signature: {quoted('secret')}")
+        lines.append(f"    secret: {quoted(_token(f'header-{index}', 40))}")
+        lines.append(f"    standard_webhooks_secret: {quoted(_whsec(f'standard-{index}'))}")
     else:
-        lines.append(f'    secret: "{_token(f"inline-{index}")}"')
+        lines.append(f"    secret: {quoted(_token(f'inline-{index}'))}")
     if index % 5 == 0:
         lines.append(f"    timeout_seconds: {2 + index % 8}.5")
     if index % 6 == 0:
         lines.append(f"    concurrency: {1 + index % 64}")
     if index % 11 == 0:
-        lines.append('    tls_min_version: "TLSv1.3"')
+        lines.append(f"    tls_min_version: {quoted('TLSv1.3')}")
     if index % 23 == 0:
         lines.append("    enabled: false")
     return "\n".join(lines) + "\n"
+
+
+_FIRST_PLAIN_BOTH = 1
+"""The first entry in plain style with both events: it anchors the list the others alias."""
 
 
 def config_text(webhooks: int, schemas: Path = SCHEMAS) -> str:

@@ -685,29 +685,44 @@ def _shape_problem(root: Node) -> tuple[Node, str] | None:
     """Why the composed document is refused before any value is built, or None.
 
     Walks the node graph once (iteratively; aliases share nodes) to find recursive aliases, the
-    nesting depth and the size the document would have once every alias is expanded.
+    nesting depth and the size the document would have once every alias is expanded. A scalar
+    (most of the nodes) is settled where it is met, never stacked: it holds no alias.
     """
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
     active = {id(root)}
-    stack: list[tuple[Node, list[Node]]] = [(root, _children(root)[::-1])]  # document order
+    # Each entry: a node, its children, and those not yet visited (in document order).
+    stack: list[tuple[Node, list[Node], list[Node]]] = []
+    if isinstance(root, ScalarNode):
+        size[id(root)] = depth[id(root)] = 1
+    else:
+        children = _children(root)
+        stack.append((root, children, children[::-1]))
     while stack:
-        node, pending = stack[-1]
-        if pending:
+        node, children, pending = stack[-1]
+        while pending:
             child = pending.pop()
-            if id(child) in active:
+            key = id(child)
+            if key in active:
                 return child, "recursive alias: a node anchored here contains an alias to itself"
-            if id(child) not in size:
-                if len(stack) >= MAX_NESTING:
-                    return child, f"nested more than {MAX_NESTING} levels deep"
-                active.add(id(child))
-                stack.append((child, _children(child)[::-1]))
-            continue
-        stack.pop()
-        active.discard(id(node))
-        children = _children(node)
-        size[id(node)] = 1 + sum(size[id(child)] for child in children)
-        depth[id(node)] = 1 + max((depth[id(child)] for child in children), default=0)
+            if key in size:
+                continue
+            if len(stack) >= MAX_NESTING:
+                return child, f"nested more than {MAX_NESTING} levels deep"
+            if type(child) is ScalarNode:
+                size[key] = depth[key] = 1
+                continue
+            active.add(key)
+            grandchildren = _children(child)
+            stack.append((child, grandchildren, grandchildren[::-1]))
+            break
+        else:
+            stack.pop()
+            key = id(node)
+            active.discard(key)
+            ids = [id(child) for child in children]
+            size[key] = 1 + sum(map(size.__getitem__, ids))
+            depth[key] = 1 + max(map(depth.__getitem__, ids), default=0)
     if depth[id(root)] > MAX_NESTING:
         return root, f"nested more than {MAX_NESTING} levels deep (through aliases)"
     added = size[id(root)] - len(size)
@@ -797,11 +812,21 @@ if yaml.__with_libyaml__:
                 return str(self.DEFAULT_SCALAR_TAG)
             tag = self._plain_tags.get(value)
             if tag is None:
+                starts = _IMPLICIT_STARTS
+                if starts is not None and value and value[0] not in starts:
+                    return str(self.DEFAULT_SCALAR_TAG)  # no other type starts so (an id, a URL)
                 tag = str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
                 if len(value) <= _PLAIN_TAG_CACHE_LENGTH:
                     self._plain_tags[value] = tag
             return tag
 
+    # The characters a plain scalar that resolves to anything but a string can start with (None
+    # when a resolver is tried whatever the first character: then every scalar is resolved).
+    _IMPLICIT_STARTS: Final = (
+        None
+        if None in _FastYamlLoader.yaml_implicit_resolvers
+        else frozenset(char for char in _FastYamlLoader.yaml_implicit_resolvers if char)
+    )
     FAST_YAML_LOADER: type[yaml.CSafeLoader] | None = _FastYamlLoader
 else:  # PyYAML built without libyaml
     FAST_YAML_LOADER = None

@@ -55,6 +55,14 @@ def test_the_secret_comes_from_the_environment(tmp_path: Path) -> None:
     assert any(f"environment variable {SECRET_ENV} is not set" in p for p in caught.value.problems)
 
 
+def test_both_ways_of_writing_yaml_are_in_a_generated_file() -> None:
+    text = config_text(40)
+
+    assert '  - id: "wh-000000"' in text  # quoted, flow lists
+    assert "  - id: wh-000001" in text  # plain, block lists
+    assert text.count("&both") == 1 and text.count("*both") > 5  # an anchor and its aliases
+
+
 def test_no_webhooks_and_the_same_text_each_time(tmp_path: Path) -> None:
     assert load_config(write_config(tmp_path / "empty.yaml", 0), ENVIRON).webhooks == ()
     assert config_text(25) == config_text(25)
