@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ def webhook_yaml(index: int) -> str:
     if index % 17 == 5:
         url = f"http://{host}/notify/{index}"
     both = bool(index % 3)
+    quoted: Callable[[str], str]
     if index % 2 == 0:
         quoted = '"{}"'.format
         events = (

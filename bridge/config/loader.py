@@ -45,7 +45,9 @@ import contextlib
 import difflib
 import functools
 import gc
+import hashlib
 import ipaddress
+import marshal
 import math
 import os
 import re
@@ -61,6 +63,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from bridge.config.digest import keyed_digest
 from bridge.config.directory import config_files, listing_digest
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError
@@ -131,9 +134,47 @@ MAX_PROBLEMS: Final = 1000
 """At most this many problems are listed in one ConfigError (then a count of the rest)."""
 
 
-def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.environ) -> Config:
+@dataclass
+class Reuse:
+    """What a reload knows of the webhooks in force, to build again only those whose YAML changed
+    (:mod:`bridge.config.reload`: at 10,000 webhooks, building them all again was most of a
+    reload's time).
+
+    ``known`` maps the id of each webhook in force to the keyed digest of its YAML as read then
+    (:attr:`read` of that load). A webhook whose YAML has the same digest now is *kept*: listed
+    in :attr:`order`, left out of :attr:`Config.webhooks`, the one in force standing for it. The
+    digest covers everything building a webhook reads:
+
+    - its mapping, node by node: every key, tag and value, aliased content included (the same
+      text with an anchor's content changed elsewhere is a change);
+    - the ``delivery`` section as loaded (defaults, the outbound policy) and the environment.
+
+    A webhook naming a file (``*_file``: the file may have changed), with a merge key, a value
+    other than a scalar or a list of scalars, or a key that is not a webhook field is never kept.
+
+    What depends on the rest of the document is done for a kept webhook as for any: its id is
+    checked for duplicates, the secret its ``${VAR}`` reads is remembered, and its shown fields
+    (id, account, url, TLS version) are checked against the secrets met so far; one that holds
+    one is built again, to report it. So a load with ``Reuse`` reports exactly what a full load
+    reports, and keeps only webhooks a full load would build equal to the ones in force.
+    """
+
+    key: bytes
+    known: Mapping[str, bytes]
+    order: list[str] = field(default_factory=list)
+    """Every webhook's id in the order read, kept or built (filled by the load)."""
+    read: dict[str, bytes] = field(default_factory=dict)
+    """The digest of the YAML of each webhook that may be kept next time (filled by the load)."""
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    environ: Mapping[str, str] = os.environ,
+    reuse: Reuse | None = None,
+) -> Config:
     """Read, validate and return the configuration file, or the configuration directory's files
-    merged; raise ConfigError listing every problem.
+    merged; raise ConfigError listing every problem. With ``reuse``, the webhooks it keeps are
+    left out of :attr:`Config.webhooks` (see :class:`Reuse`).
 
     Never raises anything else: an unexpected exception becomes a ConfigError naming only its type.
     """
@@ -141,8 +182,8 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.en
     try:
         with _collector_paused():
             if file.is_dir():
-                return _load_directory(file, environ)
-            return _load(file, environ)
+                return _load_directory(file, environ, reuse)
+            return _load(file, environ, reuse)
     except ConfigError:
         raise
     except Exception as exc:  # a bug: say so, but never repeat the message (it may hold a secret)
@@ -153,17 +194,19 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] = os.en
         raise ConfigError(str(file), [problem]) from None
 
 
-def _load(file: Path, environ: Mapping[str, str]) -> Config:
+def _load(file: Path, environ: Mapping[str, str], reuse: Reuse | None = None) -> Config:
     try:
         data = _read_config_file(file, CONFIG_FILE_LIMIT_BYTES)
     except _Unreadable as exc:
         raise ConfigError(str(file), [f"{file}: {exc}"]) from None
-    loader = _Loader(str(file), environ)
+    loader = _Loader(str(file), environ, reuse)
     loader.sources.append((file, sha256_hex(data)))
     return _result(loader, file, loader.load(file, [((0, str(file)), data)]))
 
 
-def _load_directory(directory: Path, environ: Mapping[str, str]) -> Config:
+def _load_directory(
+    directory: Path, environ: Mapping[str, str], reuse: Reuse | None = None
+) -> Config:
     """The configuration files of ``directory`` merged (see the module's docstring)."""
     try:
         files = config_files(directory)
@@ -178,7 +221,7 @@ def _load_directory(directory: Path, environ: Mapping[str, str]) -> Config:
             "*.yml directly in it; names starting with '.' are ignored)"
         )
         raise ConfigError(str(directory), [problem])
-    loader = _Loader(str(directory), environ)
+    loader = _Loader(str(directory), environ, reuse)
     loader.sources.append((directory, signature))
     documents: list[tuple[_Source, bytes]] = []
     left = CONFIG_FILE_LIMIT_BYTES  # for the files in all
@@ -625,6 +668,36 @@ _TLS_FIELDS: Final = frozenset(
     for name, _ in inputs(each)
 )
 """Receiver TLS, in ``delivery`` (the default) and in each webhook (its own, key by key)."""
+_SHOWN_WEBHOOK_KEYS: Final = ("id", "account", "url", *sorted(_TLS_FIELDS))
+"""A webhook's fields shown in logs, metrics, /status and reprs: never a secret's value."""
+
+
+def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
+    """A webhook's mapping as plain data, ``(key, tag, value)`` per entry in key order (a list's
+    value: its items' ``(tag, value)``), or None when it may not be kept (see :class:`Reuse`)."""
+    if type(item) is not MappingNode or item.tag != _MAP_TAG:
+        return None
+    content = []
+    for key_node, value_node in item.value:
+        key = key_node.value
+        if (
+            type(key_node) is not ScalarNode
+            or key_node.tag != _STR_TAG
+            or key not in _WEBHOOK_FIELDS
+            or key.endswith("_file")
+        ):
+            return None
+        kind = type(value_node)
+        if kind is ScalarNode:
+            content.append((key, value_node.tag, value_node.value))
+        elif kind is SequenceNode and all(type(sub) is ScalarNode for sub in value_node.value):
+            items = tuple((sub.tag, sub.value) for sub in value_node.value)
+            content.append((key, value_node.tag, items))
+        else:
+            return None
+    content.sort()  # the order of a mapping's keys changes nothing built from it
+    return tuple(content)
+
 
 Where: TypeAlias = Callable[[str], str]
 """Names a field for a message: ``field 'retry.attempts'`` or ``webhook 'x': field 'url'``."""
@@ -686,15 +759,16 @@ def _shape_problem(root: Node) -> tuple[Node, str] | None:
 
     Walks the node graph once (iteratively; aliases share nodes) to find recursive aliases, the
     nesting depth and the size the document would have once every alias is expanded. A scalar
-    (most of the nodes) is settled where it is met, never stacked: it holds no alias.
+    (most of the nodes) is settled where it is met, never stacked: it holds no alias, and its
+    size and depth are 1.
     """
-    size: dict[int, int] = {}
-    depth: dict[int, int] = {}
+    scalars: set[int] = set()
+    figures: dict[int, tuple[int, int]] = {}  # each collection's expanded size and depth
     active = {id(root)}
-    # Each entry: a node, its children, and those not yet visited (in document order).
+    # Each entry: a collection, its children, and those not yet visited (in document order).
     stack: list[tuple[Node, list[Node], list[Node]]] = []
     if isinstance(root, ScalarNode):
-        size[id(root)] = depth[id(root)] = 1
+        scalars.add(id(root))
     else:
         children = _children(root)
         stack.append((root, children, children[::-1]))
@@ -705,12 +779,12 @@ def _shape_problem(root: Node) -> tuple[Node, str] | None:
             key = id(child)
             if key in active:
                 return child, "recursive alias: a node anchored here contains an alias to itself"
-            if key in size:
+            if key in scalars or key in figures:
                 continue
             if len(stack) >= MAX_NESTING:
                 return child, f"nested more than {MAX_NESTING} levels deep"
             if type(child) is ScalarNode:
-                size[key] = depth[key] = 1
+                scalars.add(key)
                 continue
             active.add(key)
             grandchildren = _children(child)
@@ -720,13 +794,22 @@ def _shape_problem(root: Node) -> tuple[Node, str] | None:
             stack.pop()
             key = id(node)
             active.discard(key)
-            ids = [id(child) for child in children]
-            size[key] = 1 + sum(map(size.__getitem__, ids))
-            depth[key] = 1 + max(map(depth.__getitem__, ids), default=0)
-    if depth[id(root)] > MAX_NESTING:
+            size, depth = 1, 0
+            for child in children:
+                known = figures.get(id(child))
+                if known is None:  # a scalar
+                    size += 1
+                    depth = depth or 1
+                else:
+                    size += known[0]
+                    depth = max(depth, known[1])
+            figures[key] = (size, depth + 1)
+    distinct = len(scalars) + len(figures)
+    total, deepest = figures.get(id(root), (1, 1))
+    if deepest > MAX_NESTING:
         return root, f"nested more than {MAX_NESTING} levels deep (through aliases)"
-    added = size[id(root)] - len(size)
-    limit = max(MAX_ALIAS_EXPANSION, ALIAS_EXPANSION_FACTOR * len(size))
+    added = total - distinct
+    limit = max(MAX_ALIAS_EXPANSION, ALIAS_EXPANSION_FACTOR * distinct)
     if added > limit:
         return root, (
             f"aliases would expand the document by more than {limit} nodes ({added}); "
@@ -804,6 +887,10 @@ if yaml.__with_libyaml__:
         def resolve(self, kind: type[Node], value: Any, implicit: Any) -> str:
             """:meth:`yaml.resolver.Resolver.resolve` without path resolvers, a plain scalar's
             tag remembered by its text (a configuration repeats its keys thousands of times)."""
+            if kind is MappingNode:  # (no path resolvers: the default tags)
+                return str(self.DEFAULT_MAPPING_TAG)
+            if kind is SequenceNode:
+                return str(self.DEFAULT_SEQUENCE_TAG)
             if kind is not ScalarNode:
                 return str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
             if not implicit[0]:
@@ -981,9 +1068,10 @@ class _Secrets:
 class _Loader:
     """Walks the composed YAML tree, converting sections and collecting every problem."""
 
-    def __init__(self, path: str, environ: Mapping[str, str]) -> None:
+    def __init__(self, path: str, environ: Mapping[str, str], reuse: Reuse | None = None) -> None:
         self.path = path
         self.environ = environ
+        self.reuse = reuse
         self.sources: list[tuple[Path, str]] = []
         # Each problem: its file, its line (0: none), ":line" or "", and the text.
         self._problems: list[tuple[_Source, int, str, str]] = []
@@ -1546,6 +1634,10 @@ class _Loader:
         twice is a problem naming where it was first given."""
         webhooks: list[Webhook] = []
         first: dict[str, tuple[_Source, int]] = {}  # each id: its file and line
+        reuse = self.reuse
+        context = b""  # what building a webhook reads besides its own YAML
+        if reuse is not None:
+            context = keyed_digest((delivery, sorted(self.environ.items())), reuse.key)
         for source, node in lists:
             self._source = source
             if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
@@ -1560,12 +1652,44 @@ class _Loader:
                     self.problem(item, f"webhook '{given_id}': field 'id'", message)
                 elif given_id is not None:
                     first[given_id] = (source, item.start_mark.line + 1)
+                    if reuse is not None and self.kept(item, given_id, reuse, context):
+                        continue
                 webhook = self.webhook(
                     item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
                 )
                 if webhook is not None:
                     webhooks.append(webhook)
+                    if reuse is not None:
+                        reuse.order.append(webhook.id)
         return tuple(webhooks)
+
+    def kept(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
+        """Whether the webhook ``item`` (its id valid and not a duplicate) is kept (see
+        :class:`Reuse`); notes its digest in ``reuse.read`` when it may be kept next time."""
+        content = _reusable_content(item)
+        if content is None:
+            return False
+        data = marshal.dumps((context, content), 2)
+        digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
+        reuse.read[given_id] = digest
+        if reuse.known.get(given_id) != digest:
+            return False
+        # What building it does that depends on the rest of the document: the value of a ${VAR}
+        # secret remembered (as :meth:`secret` does, before the check below)...
+        for key, tag, value in content:
+            if key in _SECRET_NAMES and tag == _STR_TAG:
+                reference = _ENV_REFERENCE.fullmatch(value)
+                variable = self.environ.get(reference.group(1)) if reference else None
+                if variable:
+                    self.remember_secret(variable)
+        # ...and its shown fields checked (as written: their converters return them unchanged,
+        # but for the TLS version, which no secret fits in).
+        found_in = self._secrets.found_in
+        for key, tag, value in content:
+            if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
+                return False  # built, to report it as a full load does
+        reuse.order.append(given_id)
+        return True
 
     def webhook(self, node: Node, name: str, delivery: DeliveryConfig) -> Webhook | None:
         """Read one webhook named ``name`` in messages; None when it has problems."""
@@ -1579,7 +1703,7 @@ class _Loader:
         }
         self.check_secrets(section, secrets)
         # shown in logs, metrics, /status and the configuration's repr
-        self.refuse_shown_secrets(section, ("id", "account", "url", *_TLS_FIELDS))
+        self.refuse_shown_secrets(section, _SHOWN_WEBHOOK_KEYS)
         if "url" in values:
             self.check_destination(section, values["url"], delivery)
         secret = secrets["secret"]

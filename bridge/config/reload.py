@@ -26,9 +26,13 @@ CPU that, on a thread, holds the interpreter lock (PyYAML's C parser releases no
 it every delivery: py-spy saw the loading thread hold the lock for 72 % of the samples of a
 reload. With ``isolated=True`` (what ``bridge run`` uses) the file is loaded in a child process
 (:func:`worker_main`, at niceness ``WORKER_NICE``): a fresh interpreter, started ahead of time so
-its imports are done when a change comes, loads the files, answers, and exits. What comes back is
-small: the non-webhook sections, a digest of each webhook that changed, the webhooks whose digest
-differs from the one in force (the watcher sends those it has) and, only when webhooks were
+its imports are done when a change comes, loads the files, answers, and exits. It builds again
+only the webhooks whose YAML changed: the watcher sends a keyed digest of each webhook's YAML as
+read when it came in force, and a webhook whose YAML has the same digest in the same context is
+kept as it is (:class:`~bridge.config.loader.Reuse`; at 10,000 webhooks, building them all was
+most of a reload's time). What comes back is small: the non-webhook sections, a digest of each
+webhook that changed, the webhooks whose digest differs from the one in force (the watcher sends
+those it has), the digests of the webhooks' YAML for the next reload and, only when webhooks were
 removed or moved, the ids in their new order. The event loop unpickles the webhooks ``CHUNK`` at
 a time, giving way between chunks, keeps every unchanged :class:`~bridge.core.webhook.Webhook`
 object as it is, and hands over the new configuration in one step of its own (at 10,000
@@ -53,9 +57,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
-import marshal
 import os
 import pickle
 import secrets
@@ -69,11 +71,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
+from bridge.config.digest import webhook_digest
 from bridge.config.directory import config_files, listing_digest
-from bridge.config.loader import load_config
+from bridge.config.loader import Reuse, load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
-from bridge.core.webhook import Secret, Webhook
+from bridge.core.webhook import Webhook
 
 log = logging.getLogger("bridge.config.reload")
 
@@ -318,38 +321,6 @@ class WorkerFailed(Exception):
     """The loading process could not be started, died, or did not answer in time."""
 
 
-def webhook_digest(webhook: Webhook, key: bytes) -> bytes:
-    """A keyed digest of every field of ``webhook`` (secrets included): equal digests, equal
-    webhooks. Keyed by a random key of the watching process, so it reveals nothing."""
-    canonical = _canonical(webhook)
-    try:  # marshal version 2 has no back-references: equal data, equal bytes (2x repr's speed)
-        data = marshal.dumps(canonical, 2)
-    except ValueError:  # a type marshal cannot write
-        data = repr(canonical).encode()
-    return hashlib.blake2b(data, key=key, digest_size=16).digest()
-
-
-_PLAIN = (str, int, float, bool, type(None))
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _canonical(value: Any) -> Any:
-    """``value`` as plain, deterministic data (sets sorted, secrets as their bytes)."""
-    kind = type(value)
-    if kind in _PLAIN:
-        return value
-    if kind is Secret:
-        return ("secret", value.reveal())
-    if kind is frozenset or kind is set:
-        return ("set", tuple(sorted(value)))
-    names = _FIELDS.get(kind)
-    if names is None:
-        if not dataclasses.is_dataclass(value):
-            return value
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value))
-    return (kind.__name__, tuple([_canonical(getattr(value, name)) for name in names]))
-
-
 class _IsolatedLoader:
     """Loads the configuration in a child process; keeps one started ahead of time.
 
@@ -364,11 +335,16 @@ class _IsolatedLoader:
         self._environ = environ
         self._key = secrets.token_bytes(32) if primer is None else primer.key
         self._spare: subprocess.Popen[bytes] | None = None
-        # The digests of the webhooks in force, once known (from the first load's child).
+        # The digests of the webhooks in force, once known (from the first load's child), and
+        # those of their YAML (a child builds again only the webhooks whose YAML changed).
         self._digests: dict[str, bytes] | None = None if primer is None else dict(primer.digests)
+        self._sources: dict[str, bytes] = {} if primer is None else dict(primer.sources)
         self._by_id: dict[str, Webhook] = {w.id: w for w in current.webhooks}
-        # Loaded, not yet applied: the configuration, its webhooks by id, and their digests.
-        self._pending: tuple[Config, dict[str, Webhook], dict[str, bytes]] | None = None
+        # Loaded, not yet applied: the configuration, its webhooks by id, their digests and
+        # those of their YAML.
+        self._pending: (
+            tuple[Config, dict[str, Webhook], dict[str, bytes], dict[str, bytes]] | None
+        ) = None
         self.keep_spare = False  # start the next child as soon as one has answered (run())
 
     @property
@@ -386,6 +362,7 @@ class _IsolatedLoader:
             return
         if answer[0] == "primed" and tuple(answer[1]) == current.sources:
             self._digests = dict(zip(answer[2], answer[3], strict=True))
+            self._sources = dict(answer[4])
 
     async def load(self, current: Config) -> Config:
         """The configuration on disk (ConfigError when invalid, or when the child failed),
@@ -393,7 +370,10 @@ class _IsolatedLoader:
         if not self._by_id:
             self._by_id = {w.id: w for w in current.webhooks}
         try:
-            answer = await self._ask(current.path, self._digests or {})
+            if self._digests is None:  # (nothing in force is known: every webhook is built)
+                answer = await self._ask(current.path, {}, {})
+            else:
+                answer = await self._ask(current.path, self._digests, self._sources)
         except WorkerFailed as exc:
             raise _internal(current.path, "reading", str(exc)) from None
         kind = answer[0]
@@ -401,7 +381,7 @@ class _IsolatedLoader:
             raise ConfigError(answer[1], list(answer[2]))
         if kind != "config":
             raise _internal(current.path, "reading", str(answer[1]))
-        _kind, sections, properties, order, fresh, count, chunks = answer
+        _kind, sections, properties, order, fresh, count, chunks, sources = answer
         changed: dict[str, Webhook] = {}
         for chunk in chunks:
             await asyncio.sleep(0)  # give way: a whole file of new webhooks is thousands
@@ -419,10 +399,10 @@ class _IsolatedLoader:
             if len(by_id) != count or len(digests) != count:
                 raise KeyError(count)
         except KeyError:  # the digests did not describe the webhooks in force: forget them
-            self._digests = None
+            self._digests, self._sources = None, {}
             raise _internal(current.path, "reading", "WorkerOutOfStep") from None
         config = _assembled(sections, properties, tuple(by_id.values()))
-        self._pending = (config, by_id, digests)
+        self._pending = (config, by_id, digests, sources)
         await asyncio.sleep(0)  # the hand-over gets a turn of its own
         return config
 
@@ -430,9 +410,9 @@ class _IsolatedLoader:
         """``config`` was applied: its webhooks and digests are the ones in force now."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] is config:
-            self._by_id, self._digests = pending[1], pending[2]
+            self._by_id, self._digests, self._sources = pending[1], pending[2], pending[3]
         else:
-            self._by_id, self._digests = {w.id: w for w in config.webhooks}, None
+            self._by_id, self._digests, self._sources = {w.id: w for w in config.webhooks}, None, {}
 
     async def close(self) -> None:
         """Stop the spare child (it would also exit on its own when this process ends: its
@@ -442,7 +422,12 @@ class _IsolatedLoader:
         if spare is not None:
             await asyncio.to_thread(_end, spare)
 
-    async def _ask(self, path: Path, known: dict[str, bytes] | None) -> tuple[Any, ...]:
+    async def _ask(
+        self,
+        path: Path,
+        known: dict[str, bytes] | None,
+        sources: dict[str, bytes] | None = None,
+    ) -> tuple[Any, ...]:
         """Send one request to the spare child (started now if there is none), start the next
         spare, and return the child's answer."""
         child, self._spare = self._spare, None
@@ -452,7 +437,13 @@ class _IsolatedLoader:
         if child is None:
             child = await asyncio.to_thread(_start)
         request = pickle.dumps(
-            {"path": str(path), "environ": dict(self._environ), "known": known, "key": self._key}
+            {
+                "path": str(path),
+                "environ": dict(self._environ),
+                "known": known,
+                "sources": sources or {},
+                "key": self._key,
+            }
         )
         try:
             data = await asyncio.to_thread(_exchange, child, request)
@@ -473,6 +464,8 @@ class Primer:
 
     key: bytes
     digests: Mapping[str, bytes]
+    sources: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
+    """The digests of the webhooks' YAML (:attr:`bridge.config.loader.Reuse.read`)."""
 
 
 def load_isolated(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
@@ -493,7 +486,9 @@ def load_isolated_primed(
     fails, loads in this process instead."""
     environ = os.environ if environ is None else environ
     key = secrets.token_bytes(32)
-    request = pickle.dumps({"path": str(path), "environ": dict(environ), "known": {}, "key": key})
+    request = pickle.dumps(
+        {"path": str(path), "environ": dict(environ), "known": {}, "sources": {}, "key": key}
+    )
     try:
         child = _start()
         try:
@@ -506,11 +501,11 @@ def load_isolated_primed(
         raise ConfigError(reply[1], list(reply[2]))
     if reply[0] != "config":  # the child met something unforeseen: say it from here
         return load_config(path, environ), None
-    _kind, sections, properties, _order, fresh, count, chunks = reply
+    _kind, sections, properties, _order, fresh, count, chunks, sources = reply
     webhooks = tuple(w for chunk in chunks for w in pickle.loads(chunk))
     if len(webhooks) != count or len(fresh) != count:
         return load_config(path, environ), None
-    return _assembled(sections, properties, webhooks), Primer(key, dict(fresh))
+    return _assembled(sections, properties, webhooks), Primer(key, dict(fresh), dict(sources))
 
 
 def _assembled(
@@ -578,23 +573,28 @@ def _read_request(stream: Any) -> dict[str, Any] | None:
 
 
 def answer(request: dict[str, Any]) -> tuple[Any, ...]:
-    """What the child answers to one request (see :class:`_IsolatedLoader`)."""
+    """What the child answers to one request (see :class:`_IsolatedLoader`). The webhooks whose
+    YAML did not change since the ones in force (``sources``) are not built again (see
+    :class:`~bridge.config.loader.Reuse`); of those built, only the ones that differ from the
+    webhooks in force (``known``) are shipped."""
     path = request["path"]
+    key: bytes = request["key"]
+    reuse = Reuse(key, request.get("sources") or {})
     try:
-        config = load_config(path, request["environ"])
+        config = load_config(path, request["environ"], reuse)
     except ConfigError as exc:
         return ("rejected", exc.path, list(exc.problems))
     except Exception as exc:
         return ("internal", type(exc).__name__)
-    key: bytes = request["key"]
-    order = tuple(w.id for w in config.webhooks)
-    digests = tuple(webhook_digest(w, key) for w in config.webhooks)
+    order = tuple(reuse.order)
+    built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
     known: dict[str, bytes] | None = request["known"]
-    if known is None:
-        return ("primed", config.sources, order, digests)
+    if known is None:  # (nothing was kept: no sources were given)
+        digests = tuple(built[i][1] for i in order)
+        return ("primed", config.sources, order, digests, reuse.read)
     changed: list[Webhook] = []
     fresh: dict[str, bytes] = {}  # the digests of the webhooks shipped
-    for webhook, digest in zip(config.webhooks, digests, strict=True):
+    for webhook, digest in built.values():
         if known.get(webhook.id) != digest:
             changed.append(webhook)
             fresh[webhook.id] = digest
@@ -607,7 +607,7 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
     properties = dict(config.kafka.properties)
     kafka = dataclasses.replace(config.kafka, properties=cast(Mapping[str, Any], {}))
     sections = dataclasses.replace(config, kafka=kafka, webhooks=())
-    return ("config", sections, properties, in_order, fresh, len(order), chunks)
+    return ("config", sections, properties, in_order, fresh, len(order), chunks, reuse.read)
 
 
 def worker_main() -> None:

@@ -408,14 +408,36 @@ def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
     primed = answer(request)
     assert primed[0] == "primed" and len(primed[2]) == len(primed[3]) > 0
     known = dict(zip(primed[2], primed[3], strict=True))
+    sources = primed[4]
+    assert set(sources) == set(known), "every webhook of the test file may be kept next time"
     unchanged = answer({**request, "known": known})
-    assert unchanged[3:] == (("same",), {}, len(known), []), "nothing changed, nothing shipped"
+    assert unchanged[3:7] == (("same",), {}, len(known), []), "nothing changed, nothing shipped"
+    assert unchanged[7] == sources
     first = primed[2][0]
     one = answer({**request, "known": {**known, first: b"other"}})
-    assert [w.id for chunk in one[-1] for w in pickle.loads(chunk)] == [first]
+    assert [w.id for chunk in one[6] for w in pickle.loads(chunk)] == [first]
     assert one[3:6] == (("same",), {first: known[first]}, len(known))
     moved = dict(reversed(known.items()))
     assert answer({**request, "known": moved})[3] == ("all", primed[2]), "the order is sent"
+
+
+def test_the_child_builds_only_webhooks_whose_yaml_changed(tmp_path: Path) -> None:
+    from bridge.config.reload import answer
+
+    text = (Path(__file__).resolve().parents[2] / "config" / "test.yaml").read_text()
+    path = tmp_path / "bridge.yaml"
+    path.write_text(text)
+    request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "known": None}
+    primed = answer(request)
+    known, sources = dict(zip(primed[2], primed[3], strict=True)), primed[4]
+    kept = answer({**request, "known": known, "sources": sources})
+    assert kept[3:7] == (("same",), {}, len(known), []) and kept[7] == sources
+    first = primed[2][0]  # its digest in force said to differ: it is not built, so not shipped
+    assert answer({**request, "known": {**known, first: b"x"}, "sources": sources})[4] == {}
+    stale = {**sources, first: b"y" * 16}  # its YAML said to differ: built, and shipped
+    shipped = answer({**request, "known": {**known, first: b"x"}, "sources": stale})
+    assert [w.id for chunk in shipped[6] for w in pickle.loads(chunk)] == [first]
+    assert shipped[7] == sources
 
 
 def test_webhook_digests_change_with_every_field_and_with_the_key() -> None:

@@ -1,0 +1,176 @@
+"""A reload builds again only the webhooks whose YAML changed (``loader.Reuse``); the invariant:
+a load that keeps webhooks reports exactly the problems a full load reports and, where it keeps a
+webhook, the one in force is equal to what the full load builds. Checked on edits of every kind
+(a field, key order, an anchored list aliased elsewhere, the delivery defaults, the environment,
+a secret written into another webhook's shown field, a secret file's content, duplicates,
+removals and moves), one at a time and at random."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from bridge.config.digest import webhook_digest
+from bridge.config.loader import Reuse, load_config
+from bridge.core.errors import ConfigError
+from bridge.core.webhook import Webhook
+from devtools.bench_config import SECRET_ENV, SECRET_VALUE, config_text
+
+KEY = b"k" * 32
+ENVIRON = {SECRET_ENV: SECRET_VALUE, "OTHER_SECRET": "https://hooks.shop-1.net/webhooks/7"}
+
+Edit = Callable[[str, dict[str, str], Path], str]
+
+
+def base_text(secret_file: Path) -> str:
+    """A generated file (quoted and plain webhooks, ${VAR} secrets, an aliased events list) and
+    one webhook whose secret is a file."""
+    secret_file.write_text("a-secret-from-a-file-0123456789\n")
+    return config_text(40) + (
+        "  - id: wh-file\n    account: acct_file\n    url: https://file.example/hook\n"
+        f"    events: [transaction.failed]\n    secret_file: {secret_file}\n"
+    )
+
+
+def outcome(load: Callable[[], object]) -> tuple[str, object]:
+    try:
+        return "config", load()
+    except ConfigError as exc:
+        return "rejected", exc.problems
+
+
+def digests(webhooks: list[Webhook]) -> list[tuple[str, bytes]]:
+    return [(w.id, webhook_digest(w, KEY)) for w in webhooks]
+
+
+def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: Path) -> int:
+    """Load ``before`` (in force), then ``after`` fully and with Reuse; assert they agree and
+    return how many webhooks were kept."""
+    path = tmp_path / "bridge.yaml"
+    path.write_text(before)
+    first = Reuse(KEY, {})
+    in_force = {w.id: w for w in load_config(path, ENVIRON, first).webhooks}
+    assert first.order == list(in_force), "nothing kept without digests"
+    path.write_text(after)
+    full = outcome(lambda: load_config(path, environ))
+    reuse = Reuse(KEY, first.read)
+    reused = outcome(lambda: load_config(path, environ, reuse))
+    if full[0] == "rejected":
+        assert reused == full
+        return 0
+    assert reused[0] == "config"
+    built = {w.id: w for w in reused[1].webhooks}  # type: ignore[attr-defined]
+    kept = [i for i in reuse.order if i not in built]
+    assembled = [built.get(i) or in_force[i] for i in reuse.order]
+    assert digests(assembled) == digests(list(full[1].webhooks))  # type: ignore[attr-defined]
+    return len(kept)
+
+
+def nth(text: str, old: str, new: str, n: int = 0) -> str:
+    """``text`` with the ``n``-th occurrence of ``old`` replaced."""
+    at = -1
+    for _ in range(n + 1):
+        at = text.index(old, at + 1)
+    return text[:at] + new + text[at + len(old) :]
+
+
+def hook_block(text: str, hook_id: str) -> tuple[int, int]:
+    """Where the list item of webhook ``hook_id`` is in ``text``."""
+    start = max(
+        text.index(f"  - id: {hook_id}\n") if f"  - id: {hook_id}\n" in text else -1,
+        text.index(f'  - id: "{hook_id}"\n') if f'  - id: "{hook_id}"\n' in text else -1,
+    )
+    end = text.find("\n  - id:", start + 1)
+    return start, len(text) if end < 0 else end + 1
+
+
+EDITS: dict[str, Edit] = {
+    "nothing": lambda t, e, d: t,
+    "one timeout": lambda t, e, d: nth(t, "timeout_seconds: 2.5", "timeout_seconds: 7.5"),
+    "key order": lambda t, e, d: nth(t, "    account: acct_00000\n    url:", "    url:", 0).replace(
+        "  - id: wh-000001\n", "  - id: wh-000001\n    account: acct_00000\n", 1
+    ),
+    "anchored list": lambda t, e, d: t.replace(
+        "&both\n      - transaction.success\n      - transaction.failed",
+        "&both\n      - transaction.failed",
+    ),
+    "delivery default": lambda t, e, d: t.replace(
+        "  timeout_seconds: 10.0\n", "  timeout_seconds: 11.0\n", 1
+    ),
+    "environment": lambda t, e, d: (e.update({SECRET_ENV: "another-value-from-env"}), t)[1],
+    "secret shown elsewhere": lambda t, e, d: nth(
+        t, "secret: QHAjC0KEoLn2IdsMHOBU-evsslXJUB5p", "secret: https://hooks.shop-1.net/webhooks/5"
+    ),
+    "env secret shown later": lambda t, e, d: nth(
+        t, "secret: QHAjC0KEoLn2IdsMHOBU-evsslXJUB5p", "secret: ${OTHER_SECRET}"
+    ),
+    "env secret shown by an edit": lambda t, e, d: nth(
+        t, "/webhooks/30?source=bridge", f"/webhooks/30/{SECRET_VALUE}"
+    ),
+    "secret file": lambda t, e, d: ((d / "hook.secret").write_text("changed-secret-0123456789"), t)[
+        1
+    ],
+    "duplicate id": lambda t, e, d: t + t[slice(*hook_block(t, "wh-000003"))],
+    "removed": lambda t, e, d: (
+        t[: hook_block(t, "wh-000004")[0]] + t[hook_block(t, "wh-000004")[1] :]
+    ),
+    "moved": lambda t, e, d: (
+        t[: hook_block(t, "wh-000004")[0]]
+        + t[hook_block(t, "wh-000004")[1] :]
+        + t[slice(*hook_block(t, "wh-000004"))]
+    ),
+    "added": lambda t, e, d: (
+        t + "  - id: wh-new\n    account: acct_new\n    url: https://new.example/h\n"
+        "    events: [transaction.failed]\n    secret: a-new-secret-0123456789\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_an_edit_is_read_alike_with_and_without_reuse(tmp_path: Path, name: str) -> None:
+    before = base_text(tmp_path / "hook.secret")
+    environ = dict(ENVIRON)
+    after = EDITS[name](before, environ, tmp_path)
+    kept = check_reuse(before, after, environ, tmp_path)
+    if name in KEPT:
+        assert kept == KEPT[name]
+
+
+KEPT = {"nothing": 40, "one timeout": 39, "key order": 40, "added": 40, "secret file": 40}
+"""How many of the 40 generated webhooks an edit leaves kept (the one naming a file never is)."""
+
+
+def test_random_edits_are_read_alike_with_and_without_reuse(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    names = list(EDITS)
+    for _ in range(40):
+        before = base_text(tmp_path / "hook.secret")
+        environ = dict(ENVIRON)
+        after = before
+        for name in rng.sample(names, rng.randint(1, 3)):
+            try:
+                after = EDITS[name](after, environ, tmp_path)
+            except ValueError:  # an edit whose target an earlier edit removed
+                continue
+        check_reuse(before, after, environ, tmp_path)
+
+
+def test_webhooks_naming_files_or_merging_are_never_kept(tmp_path: Path) -> None:
+    secret = tmp_path / "hook.secret"
+    text = base_text(secret) + (
+        "  - <<: {account: acct_merged, events: [transaction.failed]}\n"
+        "    id: wh-merged\n    url: https://merged.example/h\n"
+        "    secret: merged-secret-0123456789\n"
+    )
+    path = tmp_path / "bridge.yaml"
+    path.write_text(text)
+    first = Reuse(KEY, {})
+    load_config(path, ENVIRON, first)
+    assert "wh-file" not in first.read and "wh-merged" not in first.read
+    again = Reuse(KEY, first.read)
+    config = load_config(path, ENVIRON, again)
+    assert [w.id for w in config.webhooks] == ["wh-file", "wh-merged"]
+    assert len(again.order) == 42
