@@ -678,6 +678,7 @@ def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
     if type(item) is not MappingNode or item.tag != _MAP_TAG:
         return None
     content = []
+    keys: set[str] = set()
     for key_node, value_node in item.value:
         key = key_node.value
         if (
@@ -685,8 +686,10 @@ def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
             or key_node.tag != _STR_TAG
             or key not in _WEBHOOK_FIELDS
             or key.endswith("_file")
+            or key in keys  # given twice: a problem, reported by building it
         ):
             return None
+        keys.add(key)
         kind = type(value_node)
         if kind is ScalarNode:
             content.append((key, value_node.tag, value_node.value))
@@ -695,7 +698,7 @@ def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
             content.append((key, value_node.tag, items))
         else:
             return None
-    content.sort()  # the order of a mapping's keys changes nothing built from it
+    content.sort()  # the order of a mapping's keys (each once) changes nothing built from it
     return tuple(content)
 
 
@@ -1645,23 +1648,39 @@ class _Loader:
                 continue
             for index, item in enumerate(node.value, start=1):
                 given_id = _given_id(item)
-                seen = None if given_id is None else first.get(given_id)
-                if seen is not None:
-                    place = f"line {seen[1]}" if seen[0] == source else f"{seen[0][1]}:{seen[1]}"
-                    message = f"duplicate webhook id (first defined on {place})"
-                    self.problem(item, f"webhook '{given_id}': field 'id'", message)
-                elif given_id is not None:
-                    first[given_id] = (source, item.start_mark.line + 1)
-                    if reuse is not None and self.kept(item, given_id, reuse, context):
-                        continue
+                if (
+                    given_id is not None
+                    and not self.duplicate(first, given_id, source, item)
+                    and reuse is not None
+                    and self.kept(item, given_id, reuse, context)
+                ):
+                    continue
                 webhook = self.webhook(
                     item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
                 )
-                if webhook is not None:
-                    webhooks.append(webhook)
-                    if reuse is not None:
-                        reuse.order.append(webhook.id)
+                if webhook is None:
+                    continue
+                # An id from a merge key (``<<: {id: ...}``) is known only now.
+                if given_id is None and self.duplicate(first, webhook.id, source, item):
+                    continue
+                webhooks.append(webhook)
+                if reuse is not None:
+                    reuse.order.append(webhook.id)
         return tuple(webhooks)
+
+    def duplicate(
+        self, first: dict[str, tuple[_Source, int]], webhook_id: str, source: _Source, item: Node
+    ) -> bool:
+        """Whether ``webhook_id`` was given before (reported, naming where); else it is noted as
+        given here."""
+        seen = first.get(webhook_id)
+        if seen is None:
+            first[webhook_id] = (source, item.start_mark.line + 1)
+            return False
+        place = f"line {seen[1]}" if seen[0] == source else f"{seen[0][1]}:{seen[1]}"
+        message = f"duplicate webhook id (first defined on {place})"
+        self.problem(item, f"webhook '{webhook_id}': field 'id'", message)
+        return True
 
     def kept(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
         """Whether the webhook ``item`` (its id valid and not a duplicate) is kept (see

@@ -1360,3 +1360,24 @@ def test_libyaml_never_composes_deep_enough_to_crash(tmp_path: Path) -> None:
 )
 def test_what_libyaml_composes(yaml_loader: str, text: str, composed: bool) -> None:
     assert loader._compose_fast(text)[0] is (composed and yaml_loader == "libyaml")
+
+
+@pytest.mark.parametrize("merged_first", [True, False])
+def test_an_id_given_through_a_merge_key_is_checked_for_duplicates(
+    tmp_path: Path, merged_first: bool
+) -> None:
+    """An id that comes from ``<<:`` is known only once the webhook is built; two webhooks with
+    one id were accepted when one of them took it so."""
+    explicit = (
+        "  - id: w1\n    account: acct_1\n    url: https://one.example/x\n"
+        "    events: [transaction.failed]\n    secret: secret-one-0123456789\n"
+    )
+    merged = (
+        "  - <<: {id: w1}\n    account: acct_m\n    url: https://m.example/x\n"
+        "    events: [transaction.failed]\n    secret: secret-m-0123456789\n"
+    )
+    hooks = merged + explicit if merged_first else explicit + merged
+    path = write(tmp_path, "webhooks:\n" + hooks)
+    assert problems_of(path) == [
+        f"{path}:7: webhook 'w1': field 'id': duplicate webhook id (first defined on line 2)"
+    ]

@@ -90,8 +90,12 @@ def hook_block(text: str, hook_id: str) -> tuple[int, int]:
 EDITS: dict[str, Edit] = {
     "nothing": lambda t, e, d: t,
     "one timeout": lambda t, e, d: nth(t, "timeout_seconds: 2.5", "timeout_seconds: 7.5"),
-    "key order": lambda t, e, d: nth(t, "    account: acct_00000\n    url:", "    url:", 0).replace(
-        "  - id: wh-000001\n", "  - id: wh-000001\n    account: acct_00000\n", 1
+    "key order": lambda t, e, d: t.replace(
+        "  - id: wh-000001\n    account: acct_00000\n"
+        "    url: https://hooks.shop-0.com:8444/webhooks/1?source=bridge\n",
+        "  - url: https://hooks.shop-0.com:8444/webhooks/1?source=bridge\n"
+        "    account: acct_00000\n    id: wh-000001\n",
+        1,
     ),
     "anchored list": lambda t, e, d: t.replace(
         "&both\n      - transaction.success\n      - transaction.failed",
@@ -122,6 +126,16 @@ EDITS: dict[str, Edit] = {
         + t[hook_block(t, "wh-000004")[1] :]
         + t[slice(*hook_block(t, "wh-000004"))]
     ),
+    "key given twice, a list and a scalar": lambda t, e, d: t.replace(
+        "  - id: wh-000003\n", "  - id: wh-000003\n    events: !!seq x\n", 1
+    ),
+    "id through a merge key": lambda t, e, d: t.replace(
+        "  - id: wh-000005\n",
+        "  - <<: {id: wh-000007}\n    account: acct_m\n    url: https://m.example/x\n"
+        "    events: [transaction.failed]\n    secret: secret-m-0123456789\n"
+        "  - id: wh-000005\n",
+        1,
+    ),
     "added": lambda t, e, d: (
         t + "  - id: wh-new\n    account: acct_new\n    url: https://new.example/h\n"
         "    events: [transaction.failed]\n    secret: a-new-secret-0123456789\n"
@@ -134,6 +148,8 @@ def test_an_edit_is_read_alike_with_and_without_reuse(tmp_path: Path, name: str)
     before = base_text(tmp_path / "hook.secret")
     environ = dict(ENVIRON)
     after = EDITS[name](before, environ, tmp_path)
+    if name not in ("nothing", "environment", "secret file"):
+        assert after != before, "the edit changed the file"
     kept = check_reuse(before, after, environ, tmp_path)
     if name in KEPT:
         assert kept == KEPT[name]
