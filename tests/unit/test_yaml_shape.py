@@ -9,23 +9,16 @@ import random
 
 import pytest
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import Node
 
 from bridge.config import loader
-
-
-def _children(node: Node) -> list[Node]:
-    if isinstance(node, SequenceNode):
-        return list(node.value)
-    if isinstance(node, MappingNode):
-        return [child for pair in node.value for child in pair]
-    return []
 
 
 def plain_walk(
     root: Node, max_nesting: int, max_expansion: int, factor: int
 ) -> tuple[Node, str] | None:
     """The walk as first written: every node stacked, sizes and depths in two dicts."""
+    _children = loader._children
     size: dict[int, int] = {}
     depth: dict[int, int] = {}
     active = {id(root)}
