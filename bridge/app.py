@@ -33,24 +33,51 @@ from bridge.ops.metrics import Metrics
 log = logging.getLogger("bridge.app")
 
 
-BROKER_SILENCE_S = 10.0  # records this recent prove the broker reachable between statistics
 FAILED_GRACE_S = 5.0
 """The shutdown grace after the producer failed for good (at most ``shutdown_grace_seconds``):
 nothing more can be parked or dead-lettered, so there is nothing to wait for but the commit of
 what is finished."""
 
 
-def brokers_after_error(code: int, brokers_up: int) -> int:
-    """How many brokers are known reachable after a librdkafka error, from how many the last
-    statistics counted: none once all are down; none after a lost connection if at most one was
-    up (it was that one); otherwise as many as before. One broker of three lost is not "no broker":
-    librdkafka reports each failed reconnect to it, and readiness must not follow them (a cluster
-    scenario saw /readyz 503 with two nodes of three serving). The next statistics count again."""
-    if code == KafkaError._ALL_BROKERS_DOWN:
-        return 0
-    if code == KafkaError._TRANSPORT and brokers_up <= 1:
-        return 0
-    return brokers_up
+class Reachability:
+    """Whether Kafka is reachable, for ``bridge_kafka_brokers_reachable`` and ``/readyz``.
+
+    :attr:`brokers_up` is how many brokers librdkafka's statistics (every 5 s) counted connected
+    and heard from lately, lowered between two statistics by the errors that say a broker went:
+    none once all are down; none after a lost connection if at most one was up (it was that one);
+    otherwise as many as before (librdkafka reports each failed reconnect to a dead node, and one
+    node of three lost is not "no broker").
+
+    Readiness has a grace of :data:`SILENCE_S`: Kafka is reachable while the statistics counted a
+    broker up, or a record was fetched, that recently. A lost connection, or librdkafka's
+    "0/5 brokers are down" when its one open connection (connections are opened as needed) went to
+    a node that died, is not the cluster lost: it connects to another node within seconds. (A
+    cluster scenario saw /readyz answer 503 for 1.5 s with two nodes of three serving.) A cluster
+    lost for longer shows after the grace.
+    """
+
+    SILENCE_S = 10.0
+
+    def __init__(self) -> None:
+        self.brokers_up = 0
+        self.seen_at = float("-inf")  # monotonic time of the last statistics counting a broker
+
+    def counted(self, brokers_up: int, now: float) -> None:
+        """librdkafka's statistics counted ``brokers_up`` brokers."""
+        self.brokers_up = brokers_up
+        if brokers_up:
+            self.seen_at = now
+
+    def failed(self, code: int) -> bool:
+        """A librdkafka error; True when it lowered :attr:`brokers_up`."""
+        before = self.brokers_up
+        if code == KafkaError._ALL_BROKERS_DOWN or (code == KafkaError._TRANSPORT and before <= 1):
+            self.brokers_up = 0
+        return self.brokers_up != before
+
+    def reachable(self, now: float, last_record: float) -> bool:
+        """Whether a broker was counted up, or a record fetched, within the grace."""
+        return now - self.seen_at < self.SILENCE_S or now - last_record < self.SILENCE_S
 
 
 def bound_port(runner: web.AppRunner) -> int:
@@ -75,7 +102,7 @@ class App:
             enabled=config.metrics.enabled,
             webhook_series=config.metrics.webhook_series,
         )
-        self.brokers_up = 0  # brokers heard from, as of the last statistics or error
+        self.kafka = Reachability()
         self.failure: KafkaFatalError | None = None  # ends ``run`` (raised after the shutdown)
         self._loop = asyncio.get_running_loop()  # built inside ``bridge run``'s event loop
         settings = config.kafka_settings()
@@ -126,17 +153,16 @@ class App:
         )
 
     def _on_stats(self, stats_json: str) -> None:
-        self.brokers_up = self.metrics.record_statistics(json.loads(stats_json))
+        up = self.metrics.record_statistics(json.loads(stats_json))
+        self.kafka.counted(up, time.monotonic())
 
     def _on_group_lag(self, reading: Reading | None) -> None:
         """On the lag reader's thread: a scrape sees the figures of one reading or the last."""
         self.metrics.group.reading = reading or Reading()
 
     def _on_kafka_error(self, error: Any) -> None:
-        up = brokers_after_error(error.code(), self.brokers_up)
-        if up != self.brokers_up:
-            self.brokers_up = up
-            self.metrics.brokers_reachable.set(up)
+        if self.kafka.failed(error.code()):
+            self.metrics.brokers_reachable.set(self.kafka.brokers_up)
         log.warning("kafka.error", extra={"fields": {"error": error.str(), "code": error.code()}})
 
     def _on_producer_fatal(self, error: KafkaError) -> None:
@@ -162,8 +188,7 @@ class App:
         """The checks behind ``/readyz``."""
         return {
             "config_loaded": True,
-            "broker_reachable": self.brokers_up > 0
-            or time.monotonic() - self.pipeline.last_message < BROKER_SILENCE_S,
+            "broker_reachable": self.kafka.reachable(time.monotonic(), self.pipeline.last_message),
             "consuming": not self.pipeline.stopping,
             "producing": self.failure is None,
         }

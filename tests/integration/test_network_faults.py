@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.app import Reachability
 from bridge.ops.metrics import RX_IDLE_LIMIT_US
 from devtools.devkafka import Broker
 from devtools.samples import make_record
@@ -234,8 +235,8 @@ def test_cut_longer_than_the_session_timeout_then_restored_loses_nothing(
             return time.monotonic() - cut_at >= cut_for and any(unready)
 
         # A silent cut shows in readiness once no broker has been heard from for
-        # RX_IDLE_LIMIT_US, read from statistics every 5 s.
-        unready_within = RX_IDLE_LIMIT_US / 1e6 + 5.0 + 5.0
+        # RX_IDLE_LIMIT_US, read from statistics every 5 s, and then for readiness's grace.
+        unready_within = RX_IDLE_LIMIT_US / 1e6 + 5.0 + Reachability.SILENCE_S + 5.0
         wait_for(
             cut_long_enough,
             max(cut_for, unready_within) + 5.0,
