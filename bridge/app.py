@@ -31,8 +31,6 @@ from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.app")
-
-
 FAILED_GRACE_S = 5.0
 """The shutdown grace after the producer failed for good (at most ``shutdown_grace_seconds``):
 nothing more can be parked or dead-lettered, so there is nothing to wait for but the commit of

@@ -8,6 +8,7 @@ removals and moves), one at a time and at random."""
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from bridge.config.digest import webhook_digest
 from bridge.config.loader import Reuse, load_config
 from bridge.core.errors import ConfigError
+from bridge.core.settings import Config
 from bridge.core.webhook import Webhook
 from devtools.bench_config import SECRET_ENV, SECRET_VALUE, config_text
 
@@ -35,11 +37,12 @@ def base_text(secret_file: Path) -> str:
     )
 
 
-def outcome(load: Callable[[], object]) -> tuple[str, object]:
+def outcome(load: Callable[[], Config]) -> Config | list[str]:
+    """The configuration loaded, or the problems that refused it."""
     try:
-        return "config", load()
+        return load()
     except ConfigError as exc:
-        return "rejected", exc.problems
+        return exc.problems
 
 
 def digests(webhooks: list[Webhook]) -> list[tuple[str, bytes]]:
@@ -58,14 +61,14 @@ def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: P
     full = outcome(lambda: load_config(path, environ))
     reuse = Reuse(KEY, first.read)
     reused = outcome(lambda: load_config(path, environ, reuse))
-    if full[0] == "rejected":
+    if not isinstance(full, Config):
         assert reused == full
         return 0
-    assert reused[0] == "config"
-    built = {w.id: w for w in reused[1].webhooks}  # type: ignore[attr-defined]
+    assert isinstance(reused, Config), reused
+    built = {w.id: w for w in reused.webhooks}
     kept = [i for i in reuse.order if i not in built]
     assembled = [built.get(i) or in_force[i] for i in reuse.order]
-    assert digests(assembled) == digests(list(full[1].webhooks))  # type: ignore[attr-defined]
+    assert digests(assembled) == digests(list(full.webhooks))
     return len(kept)
 
 
@@ -78,13 +81,13 @@ def nth(text: str, old: str, new: str, n: int = 0) -> str:
 
 
 def hook_block(text: str, hook_id: str) -> tuple[int, int]:
-    """Where the list item of webhook ``hook_id`` is in ``text``."""
-    start = max(
-        text.index(f"  - id: {hook_id}\n") if f"  - id: {hook_id}\n" in text else -1,
-        text.index(f'  - id: "{hook_id}"\n') if f'  - id: "{hook_id}"\n' in text else -1,
-    )
-    end = text.find("\n  - id:", start + 1)
-    return start, len(text) if end < 0 else end + 1
+    """Where the list item of webhook ``hook_id`` (quoted or not) is in ``text``; ValueError
+    when it is not there (an earlier edit removed it)."""
+    found = re.search(rf'^  - id: "?{re.escape(hook_id)}"?\n', text, re.M)
+    if found is None:
+        raise ValueError(hook_id)
+    end = text.find("\n  - id:", found.start() + 1)
+    return found.start(), len(text) if end < 0 else end + 1
 
 
 EDITS: dict[str, Edit] = {
