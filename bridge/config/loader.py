@@ -65,6 +65,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from bridge.config.digest import keyed_digest
 from bridge.config.directory import config_files, listing_digest
+from bridge.config.segments import Layout, agrees, layout
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError
 from bridge.core.keys import (
@@ -157,14 +158,42 @@ class Reuse:
     (id, account, url, TLS version) are checked against the secrets met so far; one that holds
     one is built again, to report it. So a load with ``Reuse`` reports exactly what a full load
     reports, and keeps only webhooks a full load would build equal to the ones in force.
+
+    ``texts`` goes further: it maps the keyed digest of a webhook's *text* (its segment of the
+    file, :mod:`bridge.config.segments`) to that webhook's mapping as plain data, as read from
+    the same text in a load that was accepted. A segment met again is not composed at all: its
+    lines are left blank in the text composed, and its plain data stands for its nodes in every
+    check above (and in the document's alias and secret checks). Only a segment with no anchor,
+    alias, tag, directive, block scalar or tab is noted (the text composes to the same nodes
+    wherever it starts clean, and libyaml and PyYAML agree on it). Whatever such a load finds
+    wrong, however little, the file is loaded again in full (see :func:`load_config`): a load
+    that uses ``texts`` only ever accepts, and accepts exactly what a full load accepts.
     """
 
     key: bytes
     known: Mapping[str, bytes]
+    texts: Mapping[bytes, _Content] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     """Every webhook's id in the order read, kept or built (filled by the load)."""
     read: dict[str, bytes] = field(default_factory=dict)
     """The digest of the YAML of each webhook that may be kept next time (filled by the load)."""
+    texts_read: dict[bytes, _Content] = field(default_factory=dict)
+    """:attr:`texts` for the next load: the segments of this one that may be met again."""
+    uncomposed: int = 0
+    """How many webhooks were kept from their text alone, never composed (filled by the load)."""
+
+    def restart(self) -> None:
+        """Forget what a load filled in and the texts met before: the file is loaded in full."""
+        self.texts = {}
+        self.uncomposed = 0
+        self.order.clear()
+        self.read.clear()
+        self.texts_read.clear()
+
+
+class _Recompose(Exception):
+    """A load that left segments uncomposed (:attr:`Reuse.texts`) met something it cannot
+    settle from their plain data: the file is loaded again in full."""
 
 
 def load_config(
@@ -181,9 +210,13 @@ def load_config(
     file = Path(path)
     try:
         with _collector_paused():
-            if file.is_dir():
-                return _load_directory(file, environ, reuse)
-            return _load(file, environ, reuse)
+            load = _load_directory if file.is_dir() else _load
+            if reuse is not None and reuse.texts:
+                try:
+                    return load(file, environ, reuse)
+                except (_Recompose, ConfigError):
+                    reuse.restart()
+            return load(file, environ, reuse)
     except ConfigError:
         raise
     except Exception as exc:  # a bug: say so, but never repeat the message (it may hold a secret)
@@ -423,6 +456,9 @@ def _is_secret_key(key: str) -> bool:
     """Whether a YAML key names a secret value (``secret``, ``sasl_password``, a Kafka credential
     property...); ``*_file`` keys name paths."""
     return is_kafka_credential(key) and not key.endswith("_file")
+
+
+_secret_key: Final = functools.lru_cache(maxsize=1024)(_is_secret_key)
 
 
 _AUTHORITY = re.compile(r"://([^/?#\s'\"]*)")
@@ -672,7 +708,11 @@ _SHOWN_WEBHOOK_KEYS: Final = ("id", "account", "url", *sorted(_TLS_FIELDS))
 """A webhook's fields shown in logs, metrics, /status and reprs: never a secret's value."""
 
 
-def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
+_Content: TypeAlias = tuple[tuple[str, str, Any], ...]
+"""A webhook's mapping as plain data (:func:`_reusable_content`)."""
+
+
+def _reusable_content(item: Node) -> _Content | None:
     """A webhook's mapping as plain data, ``(key, tag, value)`` per entry in key order (a list's
     value: its items' ``(tag, value)``), or None when it may not be kept (see :class:`Reuse`)."""
     if type(item) is not MappingNode or item.tag != _MAP_TAG:
@@ -700,6 +740,42 @@ def _reusable_content(item: Node) -> tuple[tuple[str, str, Any], ...] | None:
             return None
     content.sort()  # the order of a mapping's keys (each once) changes nothing built from it
     return tuple(content)
+
+
+def _content_id(content: _Content) -> str | None:
+    """The valid id in a webhook's plain data (as :func:`_given_id` reads it from nodes)."""
+    for key, tag, value in content:
+        if key == "id":
+            return value if tag == _STR_TAG and _WEBHOOK_ID.fullmatch(value) else None
+    return None
+
+
+def _content_nodes(content: _Content) -> int:
+    """How many nodes a webhook's plain data was composed from: its mapping, each key, and each
+    value (a list: itself and its items)."""
+    return 1 + sum(2 + len(value) if isinstance(value, tuple) else 2 for _, _, value in content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A webhook whose text was met before (:attr:`Reuse.texts`), standing for its nodes."""
+
+    digest: bytes  # of its text
+    content: _Content
+    given_id: str
+    line: int  # 1-based, of its entry
+
+
+def _text_digest(segment: str, key: bytes) -> bytes:
+    data = segment.encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(data, key=key, digest_size=16).digest()
+
+
+def _may_note(segment: str) -> bool:
+    """Whether a webhook's text may be noted in :attr:`Reuse.texts`: nothing in it refers to the
+    rest of the document (an anchor, an alias, a tag, whose handle a directive may define) or
+    is read otherwise by libyaml and PyYAML (see :func:`_libyaml_may_differ`)."""
+    return not (_libyaml_may_differ(segment) or _may_start_token(segment, "&*"))
 
 
 Where: TypeAlias = Callable[[str], str]
@@ -757,13 +833,14 @@ def _distinct_nodes(root: Node) -> Iterator[Node]:
                 pending.append(child)
 
 
-def _shape_problem(root: Node) -> tuple[Node, str] | None:
+def _shape_problem(root: Node, extra: int = 0) -> tuple[Node, str] | None:
     """Why the composed document is refused before any value is built, or None.
 
     Walks the node graph once (iteratively; aliases share nodes) to find recursive aliases, the
     nesting depth and the size the document would have once every alias is expanded. A scalar
     (most of the nodes) is settled where it is met, never stacked: it holds no alias, and its
-    size and depth are 1.
+    size and depth are 1. ``extra`` nodes of the document were not composed (a tree, with no
+    alias: they count once in its size and in its distinct nodes).
     """
     scalars: set[int] = set()
     figures: dict[int, tuple[int, int]] = {}  # each collection's expanded size and depth
@@ -807,8 +884,9 @@ def _shape_problem(root: Node) -> tuple[Node, str] | None:
                     size += known[0]
                     depth = max(depth, known[1])
             figures[key] = (size, depth + 1)
-    distinct = len(scalars) + len(figures)
+    distinct = len(scalars) + len(figures) + extra
     total, deepest = figures.get(id(root), (1, 1))
+    total += extra
     if deepest > MAX_NESTING:
         return root, f"nested more than {MAX_NESTING} levels deep (through aliases)"
     added = total - distinct
@@ -1081,6 +1159,10 @@ class _Loader:
         self._source: _Source = (0, path)  # the file being read (its problems name it)
         self._secrets = _Secrets()
         self._constructor = SafeConstructor()
+        # With Reuse: the entries of a webhooks list composed with some left out (by the list's
+        # id), and the digest of the text of each webhook composed that may be noted (by id).
+        self._entries: dict[int, list[Node | _Piece]] = {}
+        self._text_of: dict[int, bytes] = {}
         # The outbound policy of the delivery section, and its verdict on each literal address.
         self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
 
@@ -1238,12 +1320,101 @@ class _Loader:
 
     def compose(self, data: bytes) -> Node | None:
         """The YAML node graph of the file (an empty file is an empty mapping), or None and a
-        problem."""
+        problem. With :attr:`Reuse.texts`, the webhooks whose text was met before are left out
+        of it (see :meth:`compose_reusing`)."""
         try:
             text = _decode(data)
         except _Invalid as exc:
             self.report(None, str(exc))
             return None
+        shape = None if self.reuse is None else layout(text)
+        if shape is not None and self.reuse is not None and self.reuse.texts:
+            root = self.compose_reusing(text, shape)
+            if root is not None:
+                return root
+        root = self.compose_text(text)
+        if shape is not None and root is not None:
+            everything = list(range(len(shape.spans)))
+            items = agrees(root, shape, everything)
+            if items is not None:
+                self.note_texts(text, shape, items, everything, {})
+        return root
+
+    def compose_reusing(self, text: str, shape: Layout) -> Node | None:
+        """The document with the webhooks whose text is in :attr:`Reuse.texts` left out (their
+        lines blank), its secrets remembered, those webhooks' plain data in their place in
+        :attr:`_entries`; or None, having changed nothing, when that would not read the file as
+        a full compose does (see :mod:`bridge.config.segments`) or there is nothing to leave
+        out."""
+        assert self.reuse is not None
+        key, known = self.reuse.key, self.reuse.texts
+        lines = shape.lines
+        parts = [text[: shape.spans[0][0]]]
+        composed: list[int] = []
+        digests: dict[int, bytes] = {}
+        pieces: dict[int, _Piece] = {}
+        for index, (start, end) in enumerate(shape.spans):
+            segment = text[start:end]
+            digest = _text_digest(segment, key)
+            content = known.get(digest) if index else None  # (the first: the list's node)
+            given_id = None if content is None else _content_id(content)
+            if content is None or given_id is None:
+                composed.append(index)
+                digests[index] = digest
+                parts.append(segment)
+            else:
+                pieces[index] = _Piece(digest, content, given_id, lines[index] + 1)
+                parts.append("\n" * (lines[index + 1] - lines[index]))
+        if not pieces:
+            return None
+        parts.append(text[shape.end :])
+        blanked = "".join(parts)
+        try:
+            fast, root = _compose_fast(blanked)
+            if not fast:
+                root = yaml.compose(blanked, Loader=_YamlLoader)
+        except Exception:  # said as it should be by the full compose
+            return None
+        items = agrees(root, shape, composed)
+        if root is None or items is None:
+            return None
+        if _may_start_token(blanked, "&"):
+            extra = sum(_content_nodes(piece.content) for piece in pieces.values())
+            if _shape_problem(root, extra) is not None:
+                return None
+        self.remember_document_secrets(root)
+        for piece in pieces.values():
+            self.remember_content_secrets(piece.content)
+        self.note_texts(text, shape, items, composed, digests)
+        written = iter(items.value)
+        self._entries[id(items)] = [
+            pieces[index] if index in pieces else next(written) for index in range(len(lines) - 1)
+        ]
+        return root
+
+    def note_texts(
+        self,
+        text: str,
+        shape: Layout,
+        items: SequenceNode,
+        composed: list[int],
+        digests: Mapping[int, bytes],
+    ) -> None:
+        """Note the digest of the text of each webhook of ``items`` (the segments ``composed``
+        of ``shape``; ``digests``: those known) that may be noted in :attr:`Reuse.texts_read`
+        once it is read."""
+        assert self.reuse is not None
+        key = self.reuse.key
+        for item, index in zip(items.value, composed, strict=True):
+            start, end = shape.spans[index]
+            segment = text[start:end]
+            if _may_note(segment):
+                digest = digests.get(index)
+                self._text_of[id(item)] = digest or _text_digest(segment, key)
+
+    def compose_text(self, text: str) -> Node | None:
+        """The YAML node graph of ``text``, checked (aliases, nesting), its secrets remembered;
+        or None and a problem."""
         composed, root = _compose_fast(text)
         try:
             if not composed:
@@ -1279,6 +1450,16 @@ class _Loader:
             return None
         self.remember_document_secrets(root)
         return root
+
+    def remember_content_secrets(self, content: _Content) -> None:
+        """What :meth:`remember_document_secrets` remembers of a webhook, from its plain data."""
+        for key, _tag, value in content:
+            if _secret_key(key):
+                if isinstance(value, tuple):
+                    for _sub_tag, sub in value:
+                        self.remember_secret(str(sub))
+                else:
+                    self.remember_secret(str(value))
 
     @staticmethod
     def unknown(key: str, known: tuple[str, ...]) -> str:
@@ -1646,13 +1827,23 @@ class _Loader:
             if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
                 self.problem(node, "section 'webhooks'", "must be a list of webhooks")
                 continue
-            for index, item in enumerate(node.value, start=1):
+            entries: Sequence[Node | _Piece] = self._entries.get(id(node)) or node.value
+            for index, item in enumerate(entries, start=1):
+                if isinstance(item, _Piece):
+                    assert reuse is not None
+                    if self.duplicate(first, item.given_id, source, item.line) or not self.kept(
+                        item.content, item.given_id, reuse, context
+                    ):
+                        raise _Recompose  # to report it (or build it) from its nodes
+                    reuse.texts_read[item.digest] = item.content
+                    reuse.uncomposed += 1
+                    continue
                 given_id = _given_id(item)
                 if (
                     given_id is not None
-                    and not self.duplicate(first, given_id, source, item)
+                    and not self.duplicate(first, given_id, source, item.start_mark.line + 1)
                     and reuse is not None
-                    and self.kept(item, given_id, reuse, context)
+                    and self.kept_node(item, given_id, reuse, context)
                 ):
                     continue
                 webhook = self.webhook(
@@ -1661,7 +1852,8 @@ class _Loader:
                 if webhook is None:
                     continue
                 # An id from a merge key (``<<: {id: ...}``) is known only now.
-                if given_id is None and self.duplicate(first, webhook.id, source, item):
+                line = item.start_mark.line + 1
+                if given_id is None and self.duplicate(first, webhook.id, source, line):
                     continue
                 webhooks.append(webhook)
                 if reuse is not None:
@@ -1669,25 +1861,34 @@ class _Loader:
         return tuple(webhooks)
 
     def duplicate(
-        self, first: dict[str, tuple[_Source, int]], webhook_id: str, source: _Source, item: Node
+        self, first: dict[str, tuple[_Source, int]], webhook_id: str, source: _Source, line: int
     ) -> bool:
-        """Whether ``webhook_id`` was given before (reported, naming where); else it is noted as
-        given here."""
+        """Whether ``webhook_id`` (of the webhook at ``line``) was given before (reported,
+        naming where); else it is noted as given here."""
         seen = first.get(webhook_id)
         if seen is None:
-            first[webhook_id] = (source, item.start_mark.line + 1)
+            first[webhook_id] = (source, line)
             return False
         place = f"line {seen[1]}" if seen[0] == source else f"{seen[0][1]}:{seen[1]}"
         message = f"duplicate webhook id (first defined on {place})"
-        self.problem(item, f"webhook '{webhook_id}': field 'id'", message)
+        self.report(line, f"webhook '{webhook_id}': field 'id': {message}")
         return True
 
-    def kept(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
-        """Whether the webhook ``item`` (its id valid and not a duplicate) is kept (see
-        :class:`Reuse`); notes its digest in ``reuse.read`` when it may be kept next time."""
+    def kept_node(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
+        """:meth:`kept` for the webhook composed as ``item``; notes the digest of its text for
+        the next load (:attr:`Reuse.texts_read`) when it may be noted."""
         content = _reusable_content(item)
         if content is None:
             return False
+        text = self._text_of.get(id(item))
+        if text is not None:
+            reuse.texts_read[text] = content
+        return self.kept(content, given_id, reuse, context)
+
+    def kept(self, content: _Content, given_id: str, reuse: Reuse, context: bytes) -> bool:
+        """Whether the webhook of plain data ``content`` (its id valid and not a duplicate) is
+        kept (see :class:`Reuse`); notes its digest in ``reuse.read`` when it may be kept next
+        time."""
         data = marshal.dumps((context, content), 2)
         digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
         reuse.read[given_id] = digest

@@ -26,24 +26,26 @@ CPU that, on a thread, holds the interpreter lock (PyYAML's C parser releases no
 it every delivery: py-spy saw the loading thread hold the lock for 72 % of the samples of a
 reload. With ``isolated=True`` (what ``bridge run`` uses) the file is loaded in a child process
 (:func:`worker_main`, at niceness ``WORKER_NICE``): a fresh interpreter, started ahead of time so
-its imports are done when a change comes, loads the files, answers, and exits. It builds again
-only the webhooks whose YAML changed: the watcher sends a keyed digest of each webhook's YAML as
-read when it came in force, and a webhook whose YAML has the same digest in the same context is
-kept as it is (:class:`~bridge.config.loader.Reuse`; at 10,000 webhooks, building them all was
-most of a reload's time). What comes back is small: the non-webhook sections, a digest of each
-webhook that changed, the webhooks whose digest differs from the one in force (the watcher sends
-those it has), the digests of the webhooks' YAML for the next reload and, only when webhooks were
-removed or moved, the ids in their new order. The event loop unpickles the webhooks ``CHUNK`` at
-a time, giving way between chunks, keeps every unchanged :class:`~bridge.core.webhook.Webhook`
-object as it is, and hands over the new configuration in one step of its own (at 10,000
-webhooks about 10 ms of CPU, mostly :meth:`Subscriptions.updated`). When
-:meth:`ConfigWatcher.run` starts, a first child loads the files in force to learn their digests
-(:attr:`ConfigWatcher.primed`; were they changed meanwhile, the first reload ships every webhook,
-still a chunk at a time). The digests are keyed by a random key of this process, never leave it
-but to its own child, and say nothing of a secret. A child that cannot be started, dies, or does
-not answer within ``WORKER_TIMEOUT_S`` rejects that file (an internal error naming what
-happened); the next change is loaded by a new one. Without ``isolated`` (tests, tools) the file
-is loaded on a thread.
+its imports are done when a change comes, loads the files, answers, and exits. It composes
+again only the webhooks whose text changed, and builds again only those whose YAML changed
+(:class:`~bridge.config.loader.Reuse`: at 10,000 webhooks, composing and building them all was
+most of a reload's time). For that, each child answers with a *state* the next one reads: a
+keyed digest of each webhook loaded, in order, one of its YAML, and the plain data of its text.
+The watcher keeps the state of the configuration in force as the bytes the child wrote and
+sends them to the next child unread (unpickling and pickling it again was milliseconds of the
+event loop's time). What else comes back is small: the non-webhook sections, the webhooks whose
+digest differs from the one in force and, only when webhooks were removed or moved, the ids in
+their new order. The event loop unpickles the webhooks ``CHUNK`` at a time, giving way between
+chunks, keeps every unchanged :class:`~bridge.core.webhook.Webhook` object as it is, and hands
+over the new configuration in one step of its own (at 10,000 webhooks about 10 ms of CPU,
+mostly :meth:`Subscriptions.updated`). When :meth:`ConfigWatcher.run` starts, a first child
+loads the files in force to learn their state (:attr:`ConfigWatcher.primed`; were they changed
+meanwhile, the first reload ships every webhook, still a chunk at a time). The digests are keyed
+by a random key of this process; the state, which holds the webhooks' secrets as written in the
+file, never leaves this process but to its own child, through a pipe. A child that cannot be
+started, dies, or does not answer within ``WORKER_TIMEOUT_S`` rejects that file (an internal
+error naming what happened); the next change is loaded by a new one. Without ``isolated``
+(tests, tools) the file is loaded on a thread.
 
 The watcher survives everything: a file that makes the loader or ``on_change`` fail in a way
 nobody foresaw is rejected like an invalid one (its problem names the exception type, never its
@@ -201,6 +203,8 @@ class ConfigWatcher:
                 self._loader.keep_spare = True
                 if not self._loader.primed:  # (a Primer from the first load spares this)
                     await self._loader.prime(self._current)
+                else:  # the first change finds a child ready, as every later one does
+                    await self._loader.start_spare()
             while True:
                 await asyncio.sleep(self._interval)
                 await self.poll(retry_rejected=time.monotonic() >= self._retry_at)
@@ -335,34 +339,31 @@ class _IsolatedLoader:
         self._environ = environ
         self._key = secrets.token_bytes(32) if primer is None else primer.key
         self._spare: subprocess.Popen[bytes] | None = None
-        # The digests of the webhooks in force, once known (from the first load's child), and
-        # those of their YAML (a child builds again only the webhooks whose YAML changed).
-        self._digests: dict[str, bytes] | None = None if primer is None else dict(primer.digests)
-        self._sources: dict[str, bytes] = {} if primer is None else dict(primer.sources)
+        # What the children know of the webhooks in force, once known (from the first load's
+        # child): their digests, those of their YAML and their texts (see :func:`answer`),
+        # pickled by a child and read by the next one only (this process never unpickles it:
+        # at 10,000 webhooks that was milliseconds of the event loop's time per reload).
+        self._state: bytes | None = None if primer is None else primer.state
         self._by_id: dict[str, Webhook] = {w.id: w for w in current.webhooks}
-        # Loaded, not yet applied: the configuration, its webhooks by id, their digests and
-        # those of their YAML.
-        self._pending: (
-            tuple[Config, dict[str, Webhook], dict[str, bytes], dict[str, bytes]] | None
-        ) = None
+        # Loaded, not yet applied: the configuration, its webhooks by id and the children's state.
+        self._pending: tuple[Config, dict[str, Webhook], bytes] | None = None
         self.keep_spare = False  # start the next child as soon as one has answered (run())
 
     @property
     def primed(self) -> bool:
         """Whether the digests of the webhooks in force are known."""
-        return self._digests is not None
+        return self._state is not None
 
     async def prime(self, current: Config) -> None:
         """Learn the digests of the configuration in force (a child loads the same files: when
         they have not changed since, its digests describe the webhooks in force)."""
         self._by_id = {w.id: w for w in current.webhooks}
         try:
-            answer = await self._ask(current.path, None)
+            answer = await self._ask(current.path, b"", prime=True)
         except Exception:  # WorkerFailed, or anything else: the next load sends every webhook
             return
         if answer[0] == "primed" and tuple(answer[1]) == current.sources:
-            self._digests = dict(zip(answer[2], answer[3], strict=True))
-            self._sources = dict(answer[4])
+            self._state = answer[2]
 
     async def load(self, current: Config) -> Config:
         """The configuration on disk (ConfigError when invalid, or when the child failed),
@@ -370,10 +371,8 @@ class _IsolatedLoader:
         if not self._by_id:
             self._by_id = {w.id: w for w in current.webhooks}
         try:
-            if self._digests is None:  # (nothing in force is known: every webhook is built)
-                answer = await self._ask(current.path, {}, {})
-            else:
-                answer = await self._ask(current.path, self._digests, self._sources)
+            # (nothing in force known: every webhook is built and shipped)
+            answer = await self._ask(current.path, self._state or b"")
         except WorkerFailed as exc:
             raise _internal(current.path, "reading", str(exc)) from None
         kind = answer[0]
@@ -381,28 +380,25 @@ class _IsolatedLoader:
             raise ConfigError(answer[1], list(answer[2]))
         if kind != "config":
             raise _internal(current.path, "reading", str(answer[1]))
-        _kind, sections, properties, order, fresh, count, chunks, sources = answer
+        _kind, sections, properties, order, count, chunks, state = answer
         changed: dict[str, Webhook] = {}
         for chunk in chunks:
             await asyncio.sleep(0)  # give way: a whole file of new webhooks is thousands
             changed.update((w.id, w) for w in pickle.loads(chunk))
-        # What the child compared with: the webhooks (and digests) in force, once primed.
-        base = self._by_id if self._digests is not None else {}
-        known = self._digests or {}
+        # What the child compared with: the webhooks in force, once primed.
+        base = self._by_id if self._state is not None else {}
         try:
             if order[0] == "all":  # removed or reordered webhooks: in the order given
                 by_id = {i: changed.get(i) or base[i] for i in order[1]}
-                digests = {i: fresh[i] if i in fresh else known[i] for i in order[1]}
             else:  # the same ids in the same order, maybe some appended: updated in place
                 by_id = base | changed
-                digests = known | fresh
-            if len(by_id) != count or len(digests) != count:
+            if len(by_id) != count:
                 raise KeyError(count)
-        except KeyError:  # the digests did not describe the webhooks in force: forget them
-            self._digests, self._sources = None, {}
+        except KeyError:  # the state did not describe the webhooks in force: forget it
+            self._state = None
             raise _internal(current.path, "reading", "WorkerOutOfStep") from None
         config = _assembled(sections, properties, tuple(by_id.values()))
-        self._pending = (config, by_id, digests, sources)
+        self._pending = (config, by_id, state)
         await asyncio.sleep(0)  # the hand-over gets a turn of its own
         return config
 
@@ -410,9 +406,15 @@ class _IsolatedLoader:
         """``config`` was applied: its webhooks and digests are the ones in force now."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] is config:
-            self._by_id, self._digests, self._sources = pending[1], pending[2], pending[3]
+            _config, self._by_id, self._state = pending
         else:
-            self._by_id, self._digests, self._sources = {w.id: w for w in config.webhooks}, None, {}
+            self._by_id, self._state = {w.id: w for w in config.webhooks}, None
+
+    async def start_spare(self) -> None:
+        """Start the next child now, if none is waiting."""
+        if self._spare is None:
+            with contextlib.suppress(WorkerFailed):
+                self._spare = await asyncio.to_thread(_start)
 
     async def close(self) -> None:
         """Stop the spare child (it would also exit on its own when this process ends: its
@@ -422,12 +424,7 @@ class _IsolatedLoader:
         if spare is not None:
             await asyncio.to_thread(_end, spare)
 
-    async def _ask(
-        self,
-        path: Path,
-        known: dict[str, bytes] | None,
-        sources: dict[str, bytes] | None = None,
-    ) -> tuple[Any, ...]:
+    async def _ask(self, path: Path, state: bytes, prime: bool = False) -> tuple[Any, ...]:
         """Send one request to the spare child (started now if there is none), start the next
         spare, and return the child's answer."""
         child, self._spare = self._spare, None
@@ -436,15 +433,7 @@ class _IsolatedLoader:
             child = None
         if child is None:
             child = await asyncio.to_thread(_start)
-        request = pickle.dumps(
-            {
-                "path": str(path),
-                "environ": dict(self._environ),
-                "known": known,
-                "sources": sources or {},
-                "key": self._key,
-            }
-        )
+        request = _request(path, self._environ, self._key, state, prime)
         try:
             data = await asyncio.to_thread(_exchange, child, request)
         finally:
@@ -463,9 +452,8 @@ class Primer:
     learn them (:meth:`_IsolatedLoader.prime`)."""
 
     key: bytes
-    digests: Mapping[str, bytes]
-    sources: Mapping[str, bytes] = dataclasses.field(default_factory=dict)
-    """The digests of the webhooks' YAML (:attr:`bridge.config.loader.Reuse.read`)."""
+    state: bytes
+    """What the children know of the webhooks loaded (see :func:`answer`)."""
 
 
 def load_isolated(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
@@ -486,9 +474,7 @@ def load_isolated_primed(
     fails, loads in this process instead."""
     environ = os.environ if environ is None else environ
     key = secrets.token_bytes(32)
-    request = pickle.dumps(
-        {"path": str(path), "environ": dict(environ), "known": {}, "sources": {}, "key": key}
-    )
+    request = _request(Path(path), environ, key, b"")
     try:
         child = _start()
         try:
@@ -501,11 +487,11 @@ def load_isolated_primed(
         raise ConfigError(reply[1], list(reply[2]))
     if reply[0] != "config":  # the child met something unforeseen: say it from here
         return load_config(path, environ), None
-    _kind, sections, properties, _order, fresh, count, chunks, sources = reply
+    _kind, sections, properties, _order, count, chunks, state = reply
     webhooks = tuple(w for chunk in chunks for w in pickle.loads(chunk))
-    if len(webhooks) != count or len(fresh) != count:
+    if len(webhooks) != count:
         return load_config(path, environ), None
-    return _assembled(sections, properties, webhooks), Primer(key, dict(fresh), dict(sources))
+    return _assembled(sections, properties, webhooks), Primer(key, state)
 
 
 def _assembled(
@@ -516,6 +502,15 @@ def _assembled(
     kafka = dataclasses.replace(sections.kafka, properties=MappingProxyType(properties))
     config: Config = dataclasses.replace(sections, kafka=kafka, webhooks=webhooks)
     return config
+
+
+def _request(
+    path: Path, environ: Mapping[str, str], key: bytes, state: bytes, prime: bool = False
+) -> bytes:
+    """A request to a child (see :func:`answer`)."""
+    return pickle.dumps(
+        {"path": str(path), "environ": dict(environ), "key": key, "state": state, "prime": prime}
+    )
 
 
 def _start() -> subprocess.Popen[bytes]:
@@ -573,41 +568,48 @@ def _read_request(stream: Any) -> dict[str, Any] | None:
 
 
 def answer(request: dict[str, Any]) -> tuple[Any, ...]:
-    """What the child answers to one request (see :class:`_IsolatedLoader`). The webhooks whose
-    YAML did not change since the ones in force (``sources``) are not built again (see
-    :class:`~bridge.config.loader.Reuse`); of those built, only the ones that differ from the
-    webhooks in force (``known``) are shipped."""
+    """What the child answers to one request (see :class:`_IsolatedLoader`).
+
+    The request carries the state the previous child answered with (empty when nothing is
+    known): the keyed digest of each webhook in force, in order; the digests of their YAML; the
+    plain data of their texts (:class:`~bridge.config.loader.Reuse`). The webhooks whose YAML
+    (or text) did not change are not built again; of those built, only the ones that differ
+    from the webhooks in force are shipped. With ``prime``, nothing is shipped: the answer is
+    the files read and the state, for the next request."""
     path = request["path"]
     key: bytes = request["key"]
-    reuse = Reuse(key, request.get("sources") or {})
+    state: bytes = request.get("state") or b""
+    known: dict[str, bytes]
+    known, sources, texts = pickle.loads(state) if state else ({}, {}, {})
+    reuse = Reuse(key, sources, texts)
     try:
         config = load_config(path, request["environ"], reuse)
+        built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
+        try:
+            digests = {i: built[i][1] if i in built else known[i] for i in reuse.order}
+        except KeyError:  # (kept, but not in force: a state out of step) load it all again
+            known, reuse = {}, Reuse(key, {})
+            config = load_config(path, request["environ"], reuse)
+            built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
+            digests = {i: built[i][1] for i in reuse.order}
     except ConfigError as exc:
         return ("rejected", exc.path, list(exc.problems))
     except Exception as exc:
         return ("internal", type(exc).__name__)
-    order = tuple(reuse.order)
-    built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
-    known: dict[str, bytes] | None = request["known"]
-    if known is None:  # (nothing was kept: no sources were given)
-        digests = tuple(built[i][1] for i in order)
-        return ("primed", config.sources, order, digests, reuse.read)
-    changed: list[Webhook] = []
-    fresh: dict[str, bytes] = {}  # the digests of the webhooks shipped
-    for webhook, digest in built.values():
-        if known.get(webhook.id) != digest:
-            changed.append(webhook)
-            fresh[webhook.id] = digest
+    following = pickle.dumps((digests, reuse.read, reuse.texts_read), pickle.HIGHEST_PROTOCOL)
+    if request.get("prime"):
+        return ("primed", config.sources, following)
+    changed = [webhook for webhook, digest in built.values() if known.get(webhook.id) != digest]
     chunks = [pickle.dumps(changed[i : i + CHUNK]) for i in range(0, len(changed), CHUNK)]
     # The ids in order only when some were removed or moved; else the watcher keeps the ones
     # it has, in place, and the new ones come after them.
-    same = order[: len(known)] == tuple(known)
-    in_order = ("same",) if same else ("all", order)
+    order = tuple(digests)
+    in_order = ("same",) if order[: len(known)] == tuple(known) else ("all", order)
     # A mapping proxy cannot be pickled: the properties travel as a dict, wrapped again there.
     properties = dict(config.kafka.properties)
     kafka = dataclasses.replace(config.kafka, properties=cast(Mapping[str, Any], {}))
     sections = dataclasses.replace(config, kafka=kafka, webhooks=())
-    return ("config", sections, properties, in_order, fresh, len(order), chunks, reuse.read)
+    return ("config", sections, properties, in_order, len(order), chunks, following)
 
 
 def worker_main() -> None:

@@ -1,9 +1,13 @@
-"""A reload builds again only the webhooks whose YAML changed (``loader.Reuse``); the invariant:
-a load that keeps webhooks reports exactly the problems a full load reports and, where it keeps a
-webhook, the one in force is equal to what the full load builds. Checked on edits of every kind
-(a field, key order, an anchored list aliased elsewhere, the delivery defaults, the environment,
-a secret written into another webhook's shown field, a secret file's content, duplicates,
-removals and moves), one at a time and at random."""
+"""A reload builds again only the webhooks whose YAML changed (``loader.Reuse``), and composes
+again only the webhooks whose text it has not met (``Reuse.texts``); the invariant: a load that
+keeps webhooks reports exactly the problems a full load reports and, where it keeps a webhook,
+the one in force is equal to what the full load builds. Checked on edits of every kind (a field,
+key order, an anchored list aliased elsewhere, the delivery defaults, the environment, a secret
+written into another webhook's shown field, a secret file's content, duplicates, removals and
+moves; for the texts, edits that make a webhook's text read otherwise than where it was met: a
+quote or a flow list left open, a webhook's text inside a quoted scalar, directives, document
+markers, comments and sections around the list, its indentation, line breaks, tabs), one at a
+time and at random."""
 
 from __future__ import annotations
 
@@ -49,9 +53,13 @@ def digests(webhooks: list[Webhook]) -> list[tuple[str, bytes]]:
     return [(w.id, webhook_digest(w, KEY)) for w in webhooks]
 
 
+TEXT_LOADS: list[bool] = []
+"""Whether each load given the texts met before kept webhooks from their text alone."""
+
+
 def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: Path) -> int:
-    """Load ``before`` (in force), then ``after`` fully and with Reuse; assert they agree and
-    return how many webhooks were kept."""
+    """Load ``before`` (in force), then ``after`` fully, with Reuse, and with Reuse and the
+    texts met; assert they agree and return how many webhooks were kept."""
     path = tmp_path / "bridge.yaml"
     path.write_text(before)
     first = Reuse(KEY, {})
@@ -59,17 +67,52 @@ def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: P
     assert first.order == list(in_force), "nothing kept without digests"
     path.write_text(after)
     full = outcome(lambda: load_config(path, environ))
-    reuse = Reuse(KEY, first.read)
-    reused = outcome(lambda: load_config(path, environ, reuse))
-    if not isinstance(full, Config):
-        assert reused == full
-        return 0
-    assert isinstance(reused, Config), reused
-    built = {w.id: w for w in reused.webhooks}
-    kept = [i for i in reuse.order if i not in built]
-    assembled = [built.get(i) or in_force[i] for i in reuse.order]
-    assert digests(assembled) == digests(list(full.webhooks))
-    return len(kept)
+    counts = []
+    for texts in ({}, first.texts_read):
+        reuse = Reuse(KEY, first.read, texts)
+        reused = outcome(lambda: load_config(path, environ, reuse))  # noqa: B023 (called here)
+        if texts:
+            TEXT_LOADS.append(reuse.uncomposed > 0)
+        if not isinstance(full, Config):
+            assert reused == full
+            counts.append(0)
+            continue
+        assert isinstance(reused, Config), reused
+        built = {w.id: w for w in reused.webhooks}
+        kept = [i for i in reuse.order if i not in built]
+        assembled = [built.get(i) or in_force[i] for i in reuse.order]
+        assert digests(assembled) == digests(list(full.webhooks))
+        counts.append(len(kept))
+    assert counts[0] == counts[1], "the texts change what is kept"
+    return counts[0]
+
+
+def quote_swallows(text: str) -> str:
+    """``text`` with wh-000004's secret (its last line) left unclosed, and the text of
+    wh-000003 (a webhook met before) right after it, then the list as it was: a segment equal
+    to one met before, inside a quoted scalar."""
+    start, end = hook_block(text, "wh-000004")
+    block = text[slice(*hook_block(text, "wh-000003"))]
+    opened = text[start:end].replace('"OVJvBe_9QeIdgxzWVwwcnmZjYGlaKHRV"', '"OVJvBe_9QeId')
+    return text[:start] + opened + block + text[end:]
+
+
+def inside_quoted_secret(text: str) -> str:
+    """An entry-looking line inside a quoted secret that is valid YAML (a multi-line scalar):
+    the file is accepted, with one webhook fewer than its lines suggest."""
+    return text.replace(
+        'secret: "OVJvBe_9QeIdgxzWVwwcnmZjYGlaKHRV"',
+        'secret: "OVJvBe_9QeIdgxzWVwwcnmZjYGlaKHRV\n  - id: wh-000099\n    tail"',
+        1,
+    )
+
+
+def list_at_first_column(text: str) -> str:
+    head, _, tail = text.partition("webhooks:\n")
+    return head + "webhooks:\n" + re.sub(r"^  ", "", tail, flags=re.M)
+
+
+LOGGING = 'logging:\n  format: "json"\n  level: "info"\n'
 
 
 def nth(text: str, old: str, new: str, n: int = 0) -> str:
@@ -143,6 +186,32 @@ EDITS: dict[str, Edit] = {
         t + "  - id: wh-new\n    account: acct_new\n    url: https://new.example/h\n"
         "    events: [transaction.failed]\n    secret: a-new-secret-0123456789\n"
     ),
+    "quote left open": lambda t, e, d: nth(t, 'account: "acct_00000"', 'account: "acct_00000', 1),
+    "flow list left open": lambda t, e, d: nth(
+        t, 'events: ["transaction.failed"]', 'events: ["transaction.failed"'
+    ),
+    "a met text inside a quoted scalar": lambda t, e, d: quote_swallows(t),
+    "an entry line inside a quoted secret": lambda t, e, d: inside_quoted_secret(t),
+    "directive": lambda t, e, d: "%YAML 1.1\n---\n" + t,
+    "tag directive": lambda t, e, d: "%TAG !! tag:example.com,2000:\n---\n" + t,
+    "second document": lambda t, e, d: t + "---\nwebhooks: []\n",
+    "comment at the first column": lambda t, e, d: nth(
+        t, "  - id: wh-000003\n", "# c\n  - id: wh-000003\n"
+    ),
+    "section after the list": lambda t, e, d: t.replace(LOGGING, "") + LOGGING,
+    "list at the first column": lambda t, e, d: list_at_first_column(t),
+    "one webhook indented further": lambda t, e, d: t.replace(
+        "  - id: wh-000003\n    account: acct_00000\n",
+        "   - id: wh-000003\n     account: acct_00000\n",
+    ),
+    "line breaks": lambda t, e, d: t.replace("\n", "\r\n"),
+    "tab": lambda t, e, d: nth(t, "    account: acct_00000\n", "    account: acct_00000\t# x\n", 2),
+    "block scalar": lambda t, e, d: nth(
+        t,
+        "secret: QHAjC0KEoLn2IdsMHOBU-evsslXJUB5p",
+        "secret: |\n      QHAjC0KEoLn2IdsMHOBU-evsslXJUB5p",
+    ),
+    "webhooks key written twice": lambda t, e, d: t + "webhooks: []\n",
 }
 
 
@@ -158,14 +227,59 @@ def test_an_edit_is_read_alike_with_and_without_reuse(tmp_path: Path, name: str)
         assert kept == KEPT[name]
 
 
-KEPT = {"nothing": 40, "one timeout": 39, "key order": 40, "added": 40, "secret file": 40}
+KEPT = {
+    "nothing": 40,
+    "one timeout": 39,
+    "key order": 40,
+    "added": 40,
+    "secret file": 40,
+    "directive": 40,
+    "section after the list": 40,
+    "comment at the first column": 40,
+}
 """How many of the 40 generated webhooks an edit leaves kept (the one naming a file never is)."""
+
+
+@pytest.mark.parametrize("name", ["nothing", "one timeout", "added", "section after the list"])
+def test_an_edit_leaving_the_texts_alike_composes_only_what_changed(
+    tmp_path: Path, name: str
+) -> None:
+    """The texts met before are used (the load does not start again in full), and most of the
+    webhooks' texts were noted: the generated ones but those anchored or aliased and the one
+    naming a file."""
+    before = base_text(tmp_path / "hook.secret")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(before)
+    first = Reuse(KEY, {})
+    load_config(path, ENVIRON, first)
+    anchored = before.count("&both") + before.count("*both")
+    assert len(first.texts_read) == 40 - anchored
+    del TEXT_LOADS[:]
+    check_reuse(before, EDITS[name](before, dict(ENVIRON), tmp_path), ENVIRON, tmp_path)
+    assert TEXT_LOADS == [True]
+
+
+def test_hostile_texts_fall_back_to_a_full_load(tmp_path: Path) -> None:
+    """Each edit that makes a text met before read otherwise than where it was met makes the
+    load start again in full (and, by check_reuse, agree with a full load)."""
+    hostile = (
+        "quote left open",
+        "flow list left open",
+        "a met text inside a quoted scalar",
+        "an entry line inside a quoted secret",
+    )
+    for name in hostile:
+        before = base_text(tmp_path / "hook.secret")
+        del TEXT_LOADS[:]
+        check_reuse(before, EDITS[name](before, dict(ENVIRON), tmp_path), ENVIRON, tmp_path)
+        assert TEXT_LOADS == [False], name
 
 
 def test_random_edits_are_read_alike_with_and_without_reuse(tmp_path: Path) -> None:
     rng = random.Random(7)
     names = list(EDITS)
-    for _ in range(40):
+    del TEXT_LOADS[:]
+    for _ in range(80):
         before = base_text(tmp_path / "hook.secret")
         environ = dict(ENVIRON)
         after = before
@@ -175,6 +289,7 @@ def test_random_edits_are_read_alike_with_and_without_reuse(tmp_path: Path) -> N
             except ValueError:  # an edit whose target an earlier edit removed
                 continue
         check_reuse(before, after, environ, tmp_path)
+    assert 10 < sum(TEXT_LOADS) < len(TEXT_LOADS), "the texts were used, and refused, at times"
 
 
 def test_webhooks_naming_files_or_merging_are_never_kept(tmp_path: Path) -> None:

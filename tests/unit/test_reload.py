@@ -400,65 +400,74 @@ def test_a_child_that_dies_rejects_the_file_and_the_next_child_applies_it(
     assert recorder.watcher.rejected == []
 
 
+def _child(path: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, bytes], bytes]:
+    """A prime request for ``path``, and the state the child primed with: the webhooks'
+    digests, those of their YAML, and their texts pickled."""
+    from bridge.config.reload import answer
+
+    request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "prime": True}
+    primed = answer(request)
+    assert primed[0] == "primed"
+    known, sources, texts = pickle.loads(primed[2])
+    return {**request, "prime": False}, known, sources, pickle.dumps(texts)
+
+
+def _state(known: dict[str, bytes], sources: dict[str, bytes], texts: bytes = b"") -> bytes:
+    return pickle.dumps((known, sources, pickle.loads(texts) if texts else {}))
+
+
 def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
     from bridge.config.reload import answer
 
     path = Path(__file__).resolve().parents[2] / "config" / "test.yaml"
-    request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "known": None}
-    primed = answer(request)
-    assert primed[0] == "primed" and len(primed[2]) == len(primed[3]) > 0
-    known = dict(zip(primed[2], primed[3], strict=True))
-    sources = primed[4]
-    assert set(sources) == set(known), "every webhook of the test file may be kept next time"
-    unchanged = answer({**request, "known": known})
-    assert unchanged[3:7] == (("same",), {}, len(known), []), "nothing changed, nothing shipped"
-    assert unchanged[7] == sources
-    first = primed[2][0]
-    one = answer({**request, "known": {**known, first: b"other"}})
-    assert [w.id for chunk in one[6] for w in pickle.loads(chunk)] == [first]
-    assert one[3:6] == (("same",), {first: known[first]}, len(known))
+    request, known, sources, _texts = _child(path)
+    assert len(known) > 0 and set(sources) == set(known), "every webhook may be kept next time"
+    # Nothing known of their YAML: every webhook is built, and compared by its digest.
+    unchanged = answer({**request, "state": _state(known, {})})
+    assert unchanged[3:6] == (("same",), len(known), []), "nothing changed, nothing shipped"
+    assert pickle.loads(unchanged[6])[:2] == (known, sources)
+    first = next(iter(known))
+    one = answer({**request, "state": _state({**known, first: b"other"}, {})})
+    assert [w.id for chunk in one[5] for w in pickle.loads(chunk)] == [first]
+    assert one[3:5] == (("same",), len(known))
+    assert pickle.loads(one[6])[0] == known, "the next state has the digest shipped"
     moved = dict(reversed(known.items()))
-    assert answer({**request, "known": moved})[3] == ("all", primed[2]), "the order is sent"
+    assert answer({**request, "state": _state(moved, {})})[3] == ("all", tuple(known))
 
 
 def test_the_child_builds_only_webhooks_whose_yaml_changed() -> None:
     from bridge.config.reload import answer
 
     path = Path(__file__).resolve().parents[2] / "config" / "test.yaml"
-    request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "known": None}
-    primed = answer(request)
-    known, sources = dict(zip(primed[2], primed[3], strict=True)), primed[4]
-    kept = answer({**request, "known": known, "sources": sources})
-    assert kept[3:7] == (("same",), {}, len(known), []) and kept[7] == sources
-    first = primed[2][0]  # its digest in force said to differ: it is not built, so not shipped
-    assert answer({**request, "known": {**known, first: b"x"}, "sources": sources})[4] == {}
-    stale = {**sources, first: b"y" * 16}  # its YAML said to differ: built, and shipped
-    shipped = answer({**request, "known": {**known, first: b"x"}, "sources": stale})
-    assert [w.id for chunk in shipped[6] for w in pickle.loads(chunk)] == [first]
-    assert shipped[7] == sources
+    request, known, sources, texts = _child(path)
+    first = next(iter(known))
+    for noted in (b"", texts):  # whether the webhooks' texts are known or not, the same answers
+        kept = answer({**request, "state": _state(known, sources, noted)})
+        assert kept[3:6] == (("same",), len(known), [])
+        assert pickle.loads(kept[6])[:2] == (known, sources)
+        # its digest in force said to differ: it is not built, so not shipped
+        said = answer({**request, "state": _state({**known, first: b"x"}, sources, noted)})
+        assert said[5] == [] and pickle.loads(said[6])[0][first] == b"x"
+        # its YAML said to differ: built, and shipped
+        stale = {**sources, first: b"y" * 16}
+        shipped = answer({**request, "state": _state({**known, first: b"x"}, stale, noted)})
+        assert [w.id for chunk in shipped[5] for w in pickle.loads(chunk)] == [first]
+        assert pickle.loads(shipped[6])[:2] == (known, sources)
 
 
-def test_webhook_digests_change_with_every_field_and_with_the_key() -> None:
-    from bridge.config.reload import webhook_digest
-    from bridge.core.webhook import Secret, TlsSettings, Webhook
+def test_a_state_out_of_step_makes_the_child_load_everything() -> None:
+    """A webhook kept (its YAML as noted) whose digest the state lacks: the child loads the file
+    again without the state, and ships every webhook."""
+    from bridge.config.reload import answer
 
-    base = Webhook("a", "acct", "https://a.example/h", frozenset({"x", "y"}), Secret(b"s"))
-    key = b"k" * 32
-    same = Webhook("a", "acct", "https://a.example/h", frozenset({"y", "x"}), Secret(b"s"))
-    assert webhook_digest(base, key) == webhook_digest(same, key)
-    variants = [
-        replace(base, secret=Secret(b"t")),
-        replace(base, previous_secret=Secret(b"s")),
-        replace(base, url="https://b.example/h"),
-        replace(base, events=frozenset({"x"})),
-        replace(base, enabled=False),
-        replace(base, timeout_seconds=3.0),
-        replace(base, concurrency=4),
-        replace(base, tls=TlsSettings(min_version="TLSv1.3")),
-    ]
-    digests = {webhook_digest(w, key) for w in variants}
-    assert len(digests) == len(variants) and webhook_digest(base, key) not in digests
-    assert webhook_digest(base, key) != webhook_digest(base, b"j" * 32)
+    path = Path(__file__).resolve().parents[2] / "config" / "test.yaml"
+    request, known, sources, texts = _child(path)
+    first = next(iter(known))
+    lacking = {i: d for i, d in known.items() if i != first}
+    reply = answer({**request, "state": _state(lacking, sources, texts)})
+    assert reply[0] == "config" and reply[4] == len(known)
+    assert sum(len(pickle.loads(chunk)) for chunk in reply[5]) == len(known)
+    assert pickle.loads(reply[6])[:2] == (known, sources)
 
 
 def test_fingerprints_look_at_the_content_only_when_stat_moves_or_when_asked(
@@ -784,7 +793,7 @@ def test_the_first_load_primes_the_watcher_so_a_change_during_start_ships_only_i
     path = tmp_path / "bridge.yaml"
     path.write_text(many_hooks(40))
     config, primer = load_isolated_primed(path, {})
-    assert primer is not None and len(primer.digests) == 40
+    assert primer is not None and len(pickle.loads(primer.state)[0]) == 40
     changes: list[Config] = []
     watcher = ConfigWatcher(
         config,
