@@ -168,17 +168,32 @@ class Reuse:
     wherever it starts clean, and libyaml and PyYAML agree on it). Whatever such a load finds
     wrong, however little, the file is loaded again in full (see :func:`load_config`): a load
     that uses ``texts`` only ever accepts, and accepts exactly what a full load accepts.
+
+    Two checks are settled once for all those webhooks rather than one by one. Their digest is
+    the one noted with the text (in another ``context``, the delivery section or the
+    environment changed, the load starts again in full). Their shown fields are checked only
+    against the secrets of this load that ``secrets`` (those of the load that noted them)
+    lacks: a text is noted only if its shown fields hold none of the secrets of the load noting
+    it, all of them, met before it or after.
     """
 
     key: bytes
     known: Mapping[str, bytes]
-    texts: Mapping[bytes, _Content] = field(default_factory=dict)
+    texts: Mapping[bytes, _Noted] = field(default_factory=dict)
+    secrets: frozenset[str] = frozenset()
+    """The secrets of the load that noted :attr:`texts`."""
+    context: bytes = b""
+    """The context of the load that noted :attr:`texts`."""
     order: list[str] = field(default_factory=list)
     """Every webhook's id in the order read, kept or built (filled by the load)."""
     read: dict[str, bytes] = field(default_factory=dict)
     """The digest of the YAML of each webhook that may be kept next time (filled by the load)."""
-    texts_read: dict[bytes, _Content] = field(default_factory=dict)
+    texts_read: dict[bytes, _Noted] = field(default_factory=dict)
     """:attr:`texts` for the next load: the segments of this one that may be met again."""
+    secrets_read: frozenset[str] = frozenset()
+    """:attr:`secrets` for the next load (filled by the load)."""
+    context_read: bytes = b""
+    """:attr:`context` for the next load (filled by the load)."""
     uncomposed: int = 0
     """How many webhooks were kept from their text alone, never composed (filled by the load)."""
 
@@ -186,6 +201,7 @@ class Reuse:
         """Forget what a load filled in and the texts met before: the file is loaded in full."""
         self.texts = {}
         self.uncomposed = 0
+        self.secrets_read, self.context_read = frozenset(), b""
         self.order.clear()
         self.read.clear()
         self.texts_read.clear()
@@ -710,6 +726,9 @@ _SHOWN_WEBHOOK_KEYS: Final = ("id", "account", "url", *sorted(_TLS_FIELDS))
 
 _Content: TypeAlias = tuple[tuple[str, str, Any], ...]
 """A webhook's mapping as plain data (:func:`_reusable_content`)."""
+_Noted: TypeAlias = tuple[_Content, bytes, str]
+"""What :attr:`Reuse.texts` holds of a webhook's text: its plain data, its digest (in the
+context of the load that noted it) and its shown fields, one per line."""
 
 
 def _reusable_content(item: Node) -> _Content | None:
@@ -761,14 +780,36 @@ class _Piece:
     """A webhook whose text was met before (:attr:`Reuse.texts`), standing for its nodes."""
 
     digest: bytes  # of its text
-    content: _Content
+    noted: _Noted
     given_id: str
     line: int  # 1-based, of its entry
+
+    @property
+    def content(self) -> _Content:
+        return self.noted[0]
 
 
 def _text_digest(segment: str, key: bytes) -> bytes:
     data = segment.encode("utf-8", "surrogatepass")
     return hashlib.blake2b(data, key=key, digest_size=16).digest()
+
+
+def _shown(content: _Content) -> str:
+    """A webhook's shown fields (as :meth:`_Loader.kept` checks them), one per line."""
+    return "\n".join(
+        value for key, tag, value in content if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG
+    )
+
+
+_FEW_SECRETS: Final = 64  # up to this many, new secrets are looked for by one regular expression
+
+
+def _holds_any(text: str, secrets: Iterable[str]) -> bool:
+    """Whether ``text`` holds one of ``secrets`` (those :class:`_Secrets` would look for)."""
+    kept = sorted((s for s in secrets if len(s) >= _SCRUB_MIN_LENGTH), key=len, reverse=True)
+    if len(kept) <= _FEW_SECRETS:
+        return bool(kept) and re.search("|".join(map(re.escape, kept)), text) is not None
+    return _Secrets(kept).found_in(text)
 
 
 def _may_note(segment: str) -> bool:
@@ -1035,17 +1076,25 @@ def _may_start_token(text: str, chars: str, after: str | None = None) -> bool:
     return False
 
 
+_FLOW_THEN_QUESTION: Final = re.compile(r"(?:^|[ ,\[{])[\[{](?:[^\n]*\?|[^\]}\n]*\n)", re.M)
+"""A ``?`` after what may start a flow collection on its line (a ``[`` or ``{`` at the start of a
+line or after a space or another flow indicator: ``https://[::1]/?a`` and ``${X}`` start none),
+or a flow collection left open at the end of a line (then any ``?`` may be inside it)."""
+
+
 def _libyaml_may_differ(text: str) -> bool:
     """Whether libyaml may read ``text`` otherwise than PyYAML: tabs (libyaml takes them where
     PyYAML refuses them, as in ``a: b<TAB>``), a byte order mark (libyaml skips one at the start
     of any line, PyYAML only at the start of the text), directives, tags (libyaml takes handles
-    PyYAML refuses, as ``!...!``, and types an empty scalar tagged ``!`` otherwise) and block
-    scalars (libyaml takes ``|#`` without a space)."""
+    PyYAML refuses, as ``!...!``, and types an empty scalar tagged ``!`` otherwise), block
+    scalars (libyaml takes ``|#`` without a space) and a ``?`` in a flow collection (PyYAML ends
+    a plain scalar there, as in ``{s?urce: x}``, libyaml does not)."""
     return (
         "\t" in text
         or "\ufeff" in text
         or _may_start_token(text, "%", after=_LINE_BREAKS)
         or _may_start_token(text, "!|>")
+        or ("?" in text and _FLOW_THEN_QUESTION.search(text) is not None)
     )
 
 
@@ -1103,6 +1152,10 @@ class _Secrets:
     def add(self, secret: str) -> None:
         if len(secret) >= _SCRUB_MIN_LENGTH:
             self._index.setdefault(secret[:_SCRUB_MIN_LENGTH], set()).add(secret)
+
+    def held(self) -> frozenset[str]:
+        """Every secret looked for."""
+        return frozenset().union(*self._index.values())
 
     def _runs(self, text: str) -> list[tuple[int, int]]:
         """The spans of ``text`` that are secrets, overlapping and adjacent ones merged."""
@@ -1163,6 +1216,11 @@ class _Loader:
         # id), and the digest of the text of each webhook composed that may be noted (by id).
         self._entries: dict[int, list[Node | _Piece]] = {}
         self._text_of: dict[int, bytes] = {}
+        # The webhooks' texts to note once every secret is known (settle_texts): those composed,
+        # and the shown fields of those that were not.
+        self._fresh: list[tuple[bytes, _Noted]] = []
+        self._uncomposed_shown: list[str] = []
+        self._context = b""
         # The outbound policy of the delivery section, and its verdict on each literal address.
         self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
 
@@ -1305,7 +1363,7 @@ class _Loader:
                 "section 'webhooks': missing from every file (required in one of them; may be "
                 "an empty list [])",
             )
-        return Config(
+        config = Config(
             path=path,
             kafka=self.kafka(self.within(sections["kafka"])),
             schemas=self.schemas(self.within(sections["schemas"])),
@@ -1317,6 +1375,8 @@ class _Loader:
             webhooks=webhooks,
             sources=tuple(self.sources),
         )
+        self.settle_texts()
+        return config
 
     def compose(self, data: bytes) -> Node | None:
         """The YAML node graph of the file (an empty file is an empty mapping), or None and a
@@ -1356,14 +1416,14 @@ class _Loader:
         for index, (start, end) in enumerate(shape.spans):
             segment = text[start:end]
             digest = _text_digest(segment, key)
-            content = known.get(digest) if index else None  # (the first: the list's node)
-            given_id = None if content is None else _content_id(content)
-            if content is None or given_id is None:
+            noted = known.get(digest) if index else None  # (the first: the list's node)
+            given_id = None if noted is None else _content_id(noted[0])
+            if noted is None or given_id is None:
                 composed.append(index)
                 digests[index] = digest
                 parts.append(segment)
             else:
-                pieces[index] = _Piece(digest, content, given_id, lines[index] + 1)
+                pieces[index] = _Piece(digest, noted, given_id, lines[index] + 1)
                 parts.append("\n" * (lines[index + 1] - lines[index]))
         if not pieces:
             return None
@@ -1822,6 +1882,7 @@ class _Loader:
         context = b""  # what building a webhook reads besides its own YAML
         if reuse is not None:
             context = keyed_digest((delivery, sorted(self.environ.items())), reuse.key)
+            self._context = context
         for source, node in lists:
             self._source = source
             if not isinstance(node, SequenceNode) or node.tag != _SEQ_TAG:
@@ -1831,12 +1892,9 @@ class _Loader:
             for index, item in enumerate(entries, start=1):
                 if isinstance(item, _Piece):
                     assert reuse is not None
-                    if self.duplicate(first, item.given_id, source, item.line) or not self.kept(
-                        item.content, item.given_id, reuse, context
-                    ):
-                        raise _Recompose  # to report it (or build it) from its nodes
-                    reuse.texts_read[item.digest] = item.content
-                    reuse.uncomposed += 1
+                    if self.duplicate(first, item.given_id, source, item.line):
+                        raise _Recompose  # to report it from its nodes
+                    self.keep_uncomposed(item, reuse, context)
                     continue
                 given_id = _given_id(item)
                 if (
@@ -1875,22 +1933,64 @@ class _Loader:
         return True
 
     def kept_node(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
-        """:meth:`kept` for the webhook composed as ``item``; notes the digest of its text for
-        the next load (:attr:`Reuse.texts_read`) when it may be noted."""
+        """:meth:`kept` for the webhook composed as ``item``; its text is noted for the next
+        load (:meth:`settle_texts`) when it may be."""
         content = _reusable_content(item)
         if content is None:
             return False
+        kept = self.kept(content, given_id, reuse, context)
         text = self._text_of.get(id(item))
         if text is not None:
-            reuse.texts_read[text] = content
-        return self.kept(content, given_id, reuse, context)
+            self._fresh.append((text, (content, reuse.read[given_id], _shown(content))))
+        return kept
 
-    def kept(self, content: _Content, given_id: str, reuse: Reuse, context: bytes) -> bool:
+    def keep_uncomposed(self, piece: _Piece, reuse: Reuse, context: bytes) -> None:
+        """:meth:`kept` for a webhook whose text was met before, its shown fields left to
+        :meth:`settle_texts`; raises _Recompose when it is not kept."""
+        content, digest, shown = piece.noted
+        # In another context its digest differs from the one in force: it would be built.
+        if context != reuse.context or not self.kept(
+            content, piece.given_id, reuse, context, digest, check_shown=False
+        ):
+            raise _Recompose  # to build it from its nodes
+        reuse.texts_read[piece.digest] = piece.noted
+        reuse.uncomposed += 1
+        self._uncomposed_shown.append(shown)
+
+    def settle_texts(self) -> None:
+        """Once every secret of the load is known: the shown fields of the webhooks kept from
+        their text alone checked against the secrets the load that noted them lacked (one that
+        holds one: _Recompose), and the texts composed that may be noted noted if their shown
+        fields hold no secret (see :class:`Reuse`)."""
+        reuse = self.reuse
+        if reuse is None:
+            return
+        held = self._secrets.held()
+        if self._uncomposed_shown and _holds_any(
+            "\n".join(self._uncomposed_shown), held - reuse.secrets
+        ):
+            raise _Recompose
+        found_in = self._secrets.found_in
+        for text, noted in self._fresh:
+            if not found_in(noted[2]):
+                reuse.texts_read[text] = noted
+        reuse.secrets_read, reuse.context_read = held, self._context
+
+    def kept(
+        self,
+        content: _Content,
+        given_id: str,
+        reuse: Reuse,
+        context: bytes,
+        digest: bytes | None = None,
+        check_shown: bool = True,
+    ) -> bool:
         """Whether the webhook of plain data ``content`` (its id valid and not a duplicate) is
-        kept (see :class:`Reuse`); notes its digest in ``reuse.read`` when it may be kept next
-        time."""
-        data = marshal.dumps((context, content), 2)
-        digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
+        kept (see :class:`Reuse`); notes its digest (``digest`` when known) in ``reuse.read``
+        when it may be kept next time. Its shown fields are checked if ``check_shown``."""
+        if digest is None:
+            data = marshal.dumps((context, content), 2)
+            digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
         reuse.read[given_id] = digest
         if reuse.known.get(given_id) != digest:
             return False
@@ -1904,10 +2004,11 @@ class _Loader:
                     self.remember_secret(variable)
         # ...and its shown fields checked (as written: their converters return them unchanged,
         # but for the TLS version, which no secret fits in).
-        found_in = self._secrets.found_in
-        for key, tag, value in content:
-            if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
-                return False  # built, to report it as a full load does
+        if check_shown:
+            found_in = self._secrets.found_in
+            for key, tag, value in content:
+                if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
+                    return False  # built, to report it as a full load does
         reuse.order.append(given_id)
         return True
 

@@ -572,7 +572,8 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
 
     The request carries the state the previous child answered with (empty when nothing is
     known): the keyed digest of each webhook in force, in order; the digests of their YAML; the
-    plain data of their texts (:class:`~bridge.config.loader.Reuse`). The webhooks whose YAML
+    plain data of their texts, with the secrets and the context of the load that noted them
+    (:class:`~bridge.config.loader.Reuse`). The webhooks whose YAML
     (or text) did not change are not built again; of those built, only the ones that differ
     from the webhooks in force are shipped. With ``prime``, nothing is shipped: the answer is
     the files read and the state, for the next request."""
@@ -580,8 +581,10 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
     key: bytes = request["key"]
     state: bytes = request.get("state") or b""
     known: dict[str, bytes]
-    known, sources, texts = pickle.loads(state) if state else ({}, {}, {})
-    reuse = Reuse(key, sources, texts)
+    known, sources, texts, noted_secrets, context = (
+        pickle.loads(state) if state else ({}, {}, {}, frozenset(), b"")
+    )
+    reuse = Reuse(key, sources, texts, noted_secrets, context)
     try:
         config = load_config(path, request["environ"], reuse)
         built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
@@ -596,7 +599,10 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
         return ("rejected", exc.path, list(exc.problems))
     except Exception as exc:
         return ("internal", type(exc).__name__)
-    following = pickle.dumps((digests, reuse.read, reuse.texts_read), pickle.HIGHEST_PROTOCOL)
+    following = pickle.dumps(
+        (digests, reuse.read, reuse.texts_read, reuse.secrets_read, reuse.context_read),
+        pickle.HIGHEST_PROTOCOL,
+    )
     if request.get("prime"):
         return ("primed", config.sources, following)
     changed = [webhook for webhook, digest in built.values() if known.get(webhook.id) != digest]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.config import loader
 from tests.unit.test_config_fuzz import (
     FUZZ,
     LIBYAML,
@@ -49,3 +50,19 @@ def test_libyaml_and_the_pure_loader_load_alike(files: Files, data: st.DataObjec
         at = data.draw(st.integers(0, len(flipped) - 1))
         flipped[at] = data.draw(st.integers(0, 255))
     check_loads_agree(files, bytes(flipped))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "topics: {s?urce: t.source}\nwebhooks:\n",  # found by the fuzz test above
+        "a: [x?y, z]\n",
+        "a: [x,\n  y?z]\n",
+        "a: {k: v?w}\n",
+    ],
+)
+def test_a_question_mark_in_a_flow_collection_is_read_by_the_pure_loader(text: str) -> None:
+    check_libyaml_composes_as_pure(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "FAST_YAML_LOADER", LIBYAML)
+        assert loader._compose_fast(text) == (False, None)

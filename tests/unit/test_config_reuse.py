@@ -69,7 +69,7 @@ def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: P
     full = outcome(lambda: load_config(path, environ))
     counts = []
     for texts in ({}, first.texts_read):
-        reuse = Reuse(KEY, first.read, texts)
+        reuse = Reuse(KEY, first.read, texts, first.secrets_read, first.context_read)
         reused = outcome(lambda: load_config(path, environ, reuse))  # noqa: B023 (called here)
         if texts:
             TEXT_LOADS.append(reuse.uncomposed > 0)
@@ -308,3 +308,47 @@ def test_webhooks_naming_files_or_merging_are_never_kept(tmp_path: Path) -> None
     config = load_config(path, ENVIRON, again)
     assert [w.id for w in config.webhooks] == ["wh-file", "wh-merged"]
     assert len(again.order) == 42
+
+
+@pytest.mark.parametrize("holder", ["wh-000004", "wh-000008"])
+def test_a_new_secret_is_looked_for_in_the_webhooks_kept_from_their_text(
+    tmp_path: Path, holder: str
+) -> None:
+    """A webhook edited to a secret that a webhook met before shows (wh-000006's url, a text
+    kept as it was, before or after the edited one): refused, as by a full load."""
+    before = base_text(tmp_path / "hook.secret")
+    start, end = hook_block(before, holder)
+    block = re.sub(
+        r'secret: "[^"]*"',
+        'secret: "https://hooks.shop-1.net/webhooks/6?source=bridge"',
+        before[start:end],
+    )
+    after = before[:start] + block + before[end:]
+    assert after != before
+    del TEXT_LOADS[:]
+    assert check_reuse(before, after, ENVIRON, tmp_path) == 0, "refused"
+    assert TEXT_LOADS == [False]
+
+
+def test_a_secret_met_after_a_webhook_showing_it_is_looked_for_when_it_moves_before(
+    tmp_path: Path,
+) -> None:
+    """A webhook whose url holds a secret from the environment met only after it is accepted
+    (secrets from the environment are met in order), but its text is not noted: moved after
+    the secret, it is refused, as by a full load."""
+    environ = {**ENVIRON, "SHOWN": "https://hooks.shop-1.net/webhooks/6"}
+    hook = (
+        "  - id: wh-env\n    account: acct_env\n    url: https://env.example/h\n"
+        "    events: [transaction.failed]\n    secret: ${SHOWN}\n"
+    )
+    base = base_text(tmp_path / "hook.secret")
+    start, _end = hook_block(base, "wh-000006")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(base + hook)
+    first = Reuse(KEY, {})
+    load_config(path, environ, first)
+    path.write_text(base[:start] + hook + base[start:])
+    full = outcome(lambda: load_config(path, environ))
+    assert not isinstance(full, Config)
+    reuse = Reuse(KEY, first.read, first.texts_read, first.secrets_read, first.context_read)
+    assert outcome(lambda: load_config(path, environ, reuse)) == full

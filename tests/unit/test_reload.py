@@ -408,12 +408,13 @@ def _child(path: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, byte
     request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "prime": True}
     primed = answer(request)
     assert primed[0] == "primed"
-    known, sources, texts = pickle.loads(primed[2])
-    return {**request, "prime": False}, known, sources, pickle.dumps(texts)
+    known, sources, *noted = pickle.loads(primed[2])
+    return {**request, "prime": False}, known, sources, pickle.dumps(tuple(noted))
 
 
-def _state(known: dict[str, bytes], sources: dict[str, bytes], texts: bytes = b"") -> bytes:
-    return pickle.dumps((known, sources, pickle.loads(texts) if texts else {}))
+def _state(known: dict[str, bytes], sources: dict[str, bytes], noted: bytes = b"") -> bytes:
+    """A state of these digests, and the texts (with their secrets and context) of ``noted``."""
+    return pickle.dumps((known, sources, *(pickle.loads(noted) if noted else ({}, set(), b""))))
 
 
 def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
