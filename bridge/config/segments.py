@@ -46,12 +46,16 @@ class Layout:
     spans: tuple[tuple[int, int], ...]
     lines: tuple[int, ...]
     end: int
+    end_column: int | None
+    """The column of the first character of the line the list's text ends on (None when it runs
+    to the end of the text)."""
 
 
 def layout(text: str) -> Layout | None:
     """The segments of ``text``, or None when it has no top-level ``webhooks:`` block list that
-    can be cut (see the module's docstring), or line breaks other than ``\\n``."""
-    if _ODD_BREAKS.search(text):
+    can be cut (see the module's docstring), line breaks other than ``\\n``, or no line break at
+    the end (where a stream may end on the line that closes what a segment opened)."""
+    if not text.endswith("\n") or _ODD_BREAKS.search(text):
         return None
     keys = list(_KEY.finditer(text))
     if len(keys) != 1:
@@ -67,6 +71,7 @@ def layout(text: str) -> Layout | None:
     starts = [start]
     lines = [line]
     end = len(text)
+    end_column = None
     at = start
     for match in _left_of(column).finditer(text, start + column + 1):
         here = match.start()
@@ -79,13 +84,13 @@ def layout(text: str) -> Layout | None:
             starts.append(here)
             lines.append(line)
             continue
-        end = here
+        end, end_column = here, mark - here
         break
     if end == len(text):
         line += text.count("\n", at, end)
     lines.append(line)
     spans = tuple(zip(starts, [*starts[1:], end], strict=True))
-    return Layout(key_line, spans, tuple(lines), end)
+    return Layout(key_line, spans, tuple(lines), end, end_column)
 
 
 def webhooks_list(root: Node | None, key_line: int) -> SequenceNode | None:
@@ -111,7 +116,9 @@ def agrees(root: Node | None, shape: Layout, composed: list[int]) -> SequenceNod
     """The ``webhooks`` list of the document composed from a text laid out as ``shape`` with
     only the segments numbered ``composed`` (in order) written out, if it agrees with the
     layout: one entry per segment written out, each starting within its segment's lines, and
-    the list ending where its text does. Else None.
+    the list ending where its text does (at the first character of the line after it, a token
+    of its own: not after a ``]`` or a quote there that closed what a segment opened). Else
+    None.
 
     Agreement proves each segment was read from a clean start: an entry's ``-`` is read as one
     only outside quoted scalars and flow collections, so the line before every entry closed
@@ -123,6 +130,10 @@ def agrees(root: Node | None, shape: Layout, composed: list[int]) -> SequenceNod
     for item, index in zip(items.value, composed, strict=True):
         if not lines[index] <= item.start_mark.line < max(lines[index + 1], lines[index] + 1):
             return None
-    if items.end_mark.line > lines[-1]:
+    end = items.end_mark
+    if shape.end_column is None:
+        if end.line > lines[-1]:
+            return None
+    elif (end.line, end.column) != (lines[-1], shape.end_column):
         return None
     return items

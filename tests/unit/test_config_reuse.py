@@ -352,3 +352,52 @@ def test_a_secret_met_after_a_webhook_showing_it_is_looked_for_when_it_moves_bef
     assert not isinstance(full, Config)
     reuse = Reuse(KEY, first.read, first.texts_read, first.secrets_read, first.context_read)
     assert outcome(lambda: load_config(path, environ, reuse)) == full
+
+
+HEAD = config_text(0).replace("webhooks: []\n", "webhooks:\n")
+
+
+def small_hook(number: int, secret: str = "", events: str = "") -> str:
+    """A webhook whose last line is its secret, or its events when given."""
+    head = f"  - id: wh-{number}\n    account: acct_1\n    url: https://h{number}.example.com/x\n"
+    secret = f"    secret: {secret or f'sekret-value-{number}-0123456789'}\n"
+    if events:
+        return head + secret + f"    events: {events}\n"
+    return head + "    events: [transaction.failed]\n" + secret
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # A text noted where a closer ending the file, with no line break after it, closed the
+        # flow list it opened; met again where nothing closes it (found by a review helper).
+        (
+            HEAD + small_hook(1) + small_hook(2, events="[transaction.failed,") + "]",
+            HEAD + small_hook(1) + small_hook(2, events="[transaction.failed,") + small_hook(3),
+        ),
+        (
+            HEAD + small_hook(1) + small_hook(2, secret='"prev-0123456789') + '"',
+            HEAD + small_hook(1) + small_hook(2, secret='"prev-0123456789') + small_hook(3),
+        ),
+        # A text met before, inside a quote that a closer ending the file closes: the full load
+        # reads it as part of a secret.
+        (
+            HEAD + small_hook(1) + small_hook(2),
+            HEAD + small_hook(1) + small_hook(9, secret='"opened-0123456789') + small_hook(2) + '"',
+        ),
+        (  # the same with a line break at the end, and a section after the list
+            HEAD.replace(LOGGING, "") + small_hook(1) + small_hook(2) + LOGGING,
+            HEAD.replace(LOGGING, "")
+            + small_hook(1)
+            + small_hook(9, secret='"opened-0123456789')
+            + small_hook(2)
+            + '"\n'
+            + LOGGING,
+        ),
+    ],
+)
+def test_a_closer_where_the_list_ends_is_read_alike(
+    tmp_path: Path, before: str, after: str
+) -> None:
+    assert LOGGING in HEAD
+    check_reuse(before, after, ENVIRON, tmp_path)

@@ -51,6 +51,7 @@ def test_no_layout_where_the_list_cannot_be_cut() -> None:
         "webhooks:\n  key: value\n",  # not a list
         "  webhooks:\n  - id: a\n",  # not at the first column
         "webhooks:\n- id: a\nwebhooks:\n- id: b\n",  # the key twice
+        "webhooks:\n- id: a",  # no line break at the end
         "webhooks:\r\n- id: a\r\n",  # other line breaks
         "webhooks:\n- id: a\n\u2028- id: b\n",
     ):
@@ -78,3 +79,15 @@ def test_the_composed_document_must_agree_entry_by_entry() -> None:
     # Segments left blank compose to nothing: the written ones must be the entries.
     shape = layout(TEXT)
     assert shape is not None and agrees(compose(TEXT), shape, [0, 2]) is None
+
+
+def test_the_list_must_end_at_a_token_of_its_own() -> None:
+    """A closer at the start of the line after the list (a ``]`` or a quote closing what an
+    entry opened) ends the list after it: no agreement."""
+    closed = "webhooks:\n  - id: a\n    events: [x,\n]\nlogging: {}\n"
+    shape = layout(closed)
+    assert shape is not None and shape.end_column == 0
+    assert agrees(compose(closed), shape, [0]) is None
+    fine = "webhooks:\n  - id: a\n    events: [x]\nlogging: {}\n"
+    shape = layout(fine)
+    assert shape is not None and agrees(compose(fine), shape, [0]) is not None
