@@ -215,7 +215,7 @@ class App:
     def _apply(self, config: Config) -> None:
         """Apply a reloaded configuration (raising leaves the old one in force: the watcher
         counts it as rejected)."""
-        self.pipeline.apply_config(config)
+        self.pipeline.apply_config(config, self.watcher.changed(config))
         self.metrics.config_reloads.labels("applied").inc()
         self.metrics.config_reload_ok.set(1)
         frozen = [

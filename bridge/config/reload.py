@@ -67,6 +67,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -184,6 +185,12 @@ class ConfigWatcher:
     def rejected(self) -> list[str]:
         """The problems of the file on disk while it is rejected; empty when it is in force."""
         return list(self._reported or ())
+
+    def changed(self, config: Config) -> tuple[Webhook, ...] | None:
+        """For ``on_change``: the webhooks of ``config`` that are not the ones in force, when
+        every other one is the very object in force, in the same order (what
+        :meth:`Subscriptions.updated` takes to skip its passes over every webhook); else None."""
+        return None if self._loader is None else self._loader.changed(config)
 
     @property
     def current(self) -> Config:
@@ -345,8 +352,11 @@ class _IsolatedLoader:
         # at 10,000 webhooks that was milliseconds of the event loop's time per reload).
         self._state: bytes | None = None if primer is None else primer.state
         self._by_id: dict[str, Webhook] = {w.id: w for w in current.webhooks}
-        # Loaded, not yet applied: the configuration, its webhooks by id and the children's state.
-        self._pending: tuple[Config, dict[str, Webhook], bytes] | None = None
+        # Loaded, not yet applied: the configuration, its webhooks by id, the children's state,
+        # and its webhooks that are not those in force when the others are, in the same order.
+        self._pending: (
+            tuple[Config, dict[str, Webhook], bytes, tuple[Webhook, ...] | None] | None
+        ) = None
         self.keep_spare = False  # start the next child as soon as one has answered (run())
 
     @property
@@ -398,7 +408,9 @@ class _IsolatedLoader:
             self._state = None
             raise _internal(current.path, "reading", "WorkerOutOfStep") from None
         config = _assembled(sections, properties, tuple(by_id.values()))
-        self._pending = (config, by_id, state)
+        # (primed and in the same order: every other webhook is the one in force)
+        said = tuple(changed.values()) if base and order[0] == "same" else None
+        self._pending = (config, by_id, state, said)
         await asyncio.sleep(0)  # the hand-over gets a turn of its own
         return config
 
@@ -406,9 +418,15 @@ class _IsolatedLoader:
         """``config`` was applied: its webhooks and digests are the ones in force now."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] is config:
-            _config, self._by_id, self._state = pending
+            _config, self._by_id, self._state, _changed = pending
         else:
             self._by_id, self._state = {w.id: w for w in config.webhooks}, None
+
+    def changed(self, config: Config) -> tuple[Webhook, ...] | None:
+        """The webhooks of ``config`` (loaded, not yet in force) that are not the ones in force,
+        when every other one is the very object in force, in the same order; else None."""
+        pending = self._pending
+        return pending[3] if pending is not None and pending[0] is config else None
 
     async def start_spare(self) -> None:
         """Start the next child now, if none is waiting."""
@@ -528,13 +546,33 @@ def _start() -> subprocess.Popen[bytes]:
 
 
 def _exchange(child: subprocess.Popen[bytes], request: bytes) -> bytes:
-    """Send ``request`` to ``child`` and read its whole answer (on a thread)."""
+    """Send ``request`` to ``child`` and read its whole answer (on a thread).
+
+    Written whole, then read whole, each in one call that waits in system calls without the
+    interpreter lock (the child reads all of its request before it answers).
+    ``Popen.communicate`` was the obvious tool, but it writes 512 bytes per turn of a Python
+    loop: a state of megabytes took thousands of turns, each taking the lock back from the
+    event loop. A timer kills a child that does not answer within ``WORKER_TIMEOUT_S``."""
+    assert child.stdin is not None and child.stdout is not None
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+
+    timer = threading.Timer(WORKER_TIMEOUT_S, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        out, _err = child.communicate(
-            _HEADER.pack(_MAGIC, len(request)) + request, timeout=WORKER_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        raise WorkerFailed("WorkerTimeout") from None
+        with contextlib.suppress(OSError):  # (it died: its answer says so)
+            child.stdin.write(_HEADER.pack(_MAGIC, len(request)) + request)
+            child.stdin.close()
+        out = child.stdout.read()
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise WorkerFailed("WorkerTimeout")
     if len(out) < _HEADER.size:
         raise WorkerFailed("WorkerExited")
     magic, size = _HEADER.unpack(out[: _HEADER.size])

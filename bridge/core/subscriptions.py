@@ -27,19 +27,36 @@ class Subscriptions:
         self._by_id = by_id
         self._by_key = {key: tuple(matches) for key, matches in by_key.items()}
 
-    def updated(self, webhooks: Sequence[Webhook]) -> Subscriptions:
+    def updated(
+        self, webhooks: Sequence[Webhook], changed: Sequence[Webhook] | None = None
+    ) -> Subscriptions:
         """The index of ``webhooks`` (the same as ``Subscriptions(webhooks)``), built from this
         one: only the (account holder, event) entries of webhooks added, removed or changed are
         rebuilt, a webhook being unchanged when it is the very object indexed here. A reload
         that keeps most :class:`Webhook` objects (see :mod:`bridge.config.reload`) costs a few
-        dictionary passes instead of a rebuild (about 50 ms at 10,000 webhooks)."""
+        dictionary passes instead of a rebuild (about 50 ms at 10,000 webhooks).
+
+        ``changed``, when the caller knows it, lists the webhooks of ``webhooks`` that are not
+        the objects indexed here, in their order, every other one being the very object indexed
+        here, in the same order, none removed (what a reload that kept the others hands over).
+        Then no pass over every webhook is made: at 10,000 webhooks each pass took about a
+        millisecond of the event loop, the index about 5 ms."""
         old = self._by_id
-        by_id = {webhook.id: webhook for webhook in webhooks}
-        if len(by_id) != len(webhooks):
-            return Subscriptions(webhooks)  # (it names the duplicate id)
-        changed = [webhook for webhook in webhooks if old.get(webhook.id) is not webhook]
-        gone = [webhook for key, webhook in old.items() if by_id.get(key) is not webhook]
-        if len(changed) + len(gone) > len(webhooks) // 4 or self._reordered(by_id):
+        if changed is not None:
+            by_id = dict(old)
+            by_id.update((webhook.id, webhook) for webhook in changed)
+            if len(by_id) != len(webhooks):  # (not what was said: an id twice, or one removed)
+                return self.updated(webhooks)
+            gone = [old[webhook.id] for webhook in changed if webhook.id in old]
+        else:
+            by_id = {webhook.id: webhook for webhook in webhooks}
+            if len(by_id) != len(webhooks):
+                return Subscriptions(webhooks)  # (it names the duplicate id)
+            changed = [webhook for webhook in webhooks if old.get(webhook.id) is not webhook]
+            gone = [webhook for key, webhook in old.items() if by_id.get(key) is not webhook]
+            if self._reordered(by_id):
+                return Subscriptions(webhooks)
+        if len(changed) + len(gone) > len(webhooks) // 4:
             return Subscriptions(webhooks)
         fresh: dict[_Key, list[Webhook]] = {}
         for webhook in changed:
@@ -57,7 +74,7 @@ class Subscriptions:
                 continue
             if len(matches) > 1:
                 if position is None:
-                    position = {webhook.id: n for n, webhook in enumerate(webhooks)}
+                    position = {webhook_id: n for n, webhook_id in enumerate(by_id)}
                 matches.sort(key=lambda webhook: position[webhook.id])
             by_key[key] = tuple(matches)
         index = Subscriptions(())

@@ -29,7 +29,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
+from operator import attrgetter
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
@@ -38,6 +39,7 @@ from bridge.codec.decoding import Decoder
 from bridge.core.retry import RetryPolicy
 from bridge.core.settings import Config
 from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Webhook
 from bridge.engine.attempt import Deliverer
 from bridge.engine.budget import Lanes
 from bridge.engine.clock import now_ms
@@ -98,13 +100,16 @@ class Pipeline:
 
     # ---- configuration and status ------------------------------------------------------------
 
-    def apply_config(self, config: Config) -> None:
+    def apply_config(self, config: Config, changed: Sequence[Webhook] | None = None) -> None:
         """Swap in a new webhook set: new deliveries use it, deliveries in flight keep theirs.
 
         Cheap at 10,000 webhooks (it runs on the event loop): the index is updated for the
-        webhooks that changed, not rebuilt, and only the lanes that exist are visited."""
+        webhooks that changed (``changed``, when the reload knows them: see
+        :meth:`Subscriptions.updated`), not rebuilt, and only the lanes that exist are
+        visited."""
         self.config = config
-        self.intake.subscriptions = self.intake.subscriptions.updated(config.webhooks)
+        subscriptions = self.intake.subscriptions.updated(config.webhooks, changed)
+        self.intake.subscriptions = subscriptions
         self.lanes.reconfigure(self.intake.subscriptions)
         self._register_webhooks()
 
@@ -128,9 +133,9 @@ class Pipeline:
         return body
 
     def _register_webhooks(self) -> None:
-        webhooks = self.config.webhooks
-        self.metrics.webhooks_configured.set(sum(1 for w in webhooks if w.enabled))
-        self.metrics.register_webhooks((w.id for w in webhooks), self.policy.attempts)
+        webhooks = self.config.webhooks  # (passes in C: 10,000 of them, on the event loop)
+        self.metrics.webhooks_configured.set(sum(map(attrgetter("enabled"), webhooks)))
+        self.metrics.register_webhooks(map(attrgetter("id"), webhooks), self.policy.attempts)
 
     # ---- the consume loop --------------------------------------------------------------------
 

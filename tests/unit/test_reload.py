@@ -324,6 +324,14 @@ def test_a_child_process_loads_the_file_and_unchanged_webhooks_are_kept_as_they_
     recorder = isolated(path)
     before = recorder.watcher.current
     expected = []
+    said: list[list[str] | None] = []  # what the watcher says changed, as it hands each over
+
+    def on_change(config: Config) -> None:
+        changed = recorder.watcher.changed(config)
+        said.append(None if changed is None else [w.id for w in changed])
+        recorder.changes.append(config)
+
+    recorder.watcher._on_change = on_change
 
     async def scenario() -> None:
         task = asyncio.create_task(recorder.watcher.run())
@@ -348,6 +356,8 @@ def test_a_child_process_loads_the_file_and_unchanged_webhooks_are_kept_as_they_
     assert reused == [True, False] + [True] * 38, "only the changed webhook is a new object"
     assert new.webhooks[1].timeout_seconds == 3.0 and new.webhooks[40].id == "hook-40"
     assert [w.id for w in last.webhooks] == [f"hook-{n}" for n in range(40, 0, -1)]
+    assert said == [["hook-1", "hook-40"], None], "removed or moved: nothing said"
+    assert recorder.watcher.changed(last) is None, "once in force, nothing said"
     assert all(w is new.webhooks[int(w.id[5:])] for w in last.webhooks), "all kept, reordered"
     assert recorder.watcher.current is last and recorder.watcher.generation == 3
     assert recorder.errors == []
@@ -415,6 +425,41 @@ def _child(path: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, byte
 def _state(known: dict[str, bytes], sources: dict[str, bytes], noted: bytes = b"") -> bytes:
     """A state of these digests, and the texts (with their secrets and context) of ``noted``."""
     return pickle.dumps((known, sources, *(pickle.loads(noted) if noted else ({}, set(), b""))))
+
+
+@pytest.mark.parametrize(
+    "child",
+    [
+        "import time; time.sleep(60)",  # reads nothing: the request fills the pipe
+        "import sys, time; sys.stdin.buffer.read(); time.sleep(60)",  # reads it, never answers
+    ],
+)
+def test_a_child_that_does_not_answer_in_time_rejects_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, child: str
+) -> None:
+    """Killed at the timeout, whether its request was written whole or not (a request larger
+    than a pipe holds blocks until the child is killed)."""
+    import bridge.config.reload
+
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text())
+    recorder = isolated(path)
+    monkeypatch.setattr(bridge.config.reload, "WORKER_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(bridge.config.reload, "WORKER_ARGS", ("-c", child))
+    big = {"BIG": "x" * (4 << 20)}  # the environment travels in the request
+    monkeypatch.setattr(recorder.watcher._loader, "_environ", big)
+
+    async def scenario() -> float:
+        path.write_text(config_text(url="https://two.example/hook"))
+        started = time.monotonic()
+        await recorder.watcher.poll()
+        return time.monotonic() - started
+
+    took = asyncio.run(scenario())
+    assert recorder.watcher.rejected == [
+        f"{path}: internal error while reading the configuration (WorkerTimeout)"
+    ]
+    assert took < 30, "the timer ended the exchange, not the child's sleep"
 
 
 def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
@@ -584,6 +629,51 @@ def test_updated_matches_a_rebuild_for_any_edit(edits: list[tuple[int, int, int]
         updated = index.updated(current)
         assert same_index(updated, Subscriptions(current))
         index = updated
+
+
+@given(st.lists(st.tuples(st.integers(0, 14), st.integers(0, 3), st.integers(0, 3)), max_size=30))
+@settings(max_examples=150, deadline=None)
+def test_updated_with_the_changed_webhooks_said_matches_a_rebuild(
+    edits: list[tuple[int, int, int]],
+) -> None:
+    """What a reload that kept the other webhooks hands over: the webhooks changed in place or
+    appended, said (``changed``), so no pass over every webhook is made."""
+    events = [
+        ("transaction.success",),
+        ("transaction.failed",),
+        ("transaction.success", "transaction.failed"),
+    ]
+    hooks = [hook(f"h{n}", f"acct_{n % 3}", *events[n % 3]) for n in range(12)]
+    index = Subscriptions(hooks)
+    current = list(hooks)
+    for which, what, value in edits:
+        target = f"h{which}"
+        position = next((i for i, w in enumerate(current) if w.id == target), None)
+        if position is None:
+            current.append(hook(target, f"acct_{value}"))  # appended
+        else:
+            old = current[position]
+            current[position] = (
+                replace(old, account=f"acct_{value}")
+                if what == 1
+                else replace(old, enabled=not old.enabled)
+                if what == 2
+                else replace(old, events=frozenset(events[value % 3]))
+            )
+        changed = [w for w in current if index.get(w.id) is not w]
+        updated = index.updated(current, changed)
+        assert same_index(updated, Subscriptions(current))
+        assert all(updated.get(w.id) is w for w in current)
+        index = updated
+
+
+def test_changed_webhooks_said_wrongly_are_found_by_a_full_pass() -> None:
+    hooks = [hook(f"h{n}", f"acct_{n % 4}", "transaction.success") for n in range(10)]
+    index = Subscriptions(hooks)
+    removed = hooks[:-1]
+    assert same_index(index.updated(removed, []), Subscriptions(removed))
+    with pytest.raises(ValueError, match="duplicate webhook id 'h1'"):
+        index.updated([*hooks, hooks[1]], [hooks[1]])
 
 
 # ---- a configuration directory (several ConfigMaps projected into one volume) ---------------
