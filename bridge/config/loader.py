@@ -726,9 +726,12 @@ _SHOWN_WEBHOOK_KEYS: Final = ("id", "account", "url", *sorted(_TLS_FIELDS))
 
 _Content: TypeAlias = tuple[tuple[str, str, Any], ...]
 """A webhook's mapping as plain data (:func:`_reusable_content`)."""
-_Noted: TypeAlias = tuple[_Content, bytes, str]
-"""What :attr:`Reuse.texts` holds of a webhook's text: its plain data, its digest (in the
-context of the load that noted it) and its shown fields, one per line."""
+_Noted: TypeAlias = tuple[str, bytes, str, tuple[str, ...], tuple[str, ...], int]
+"""What :attr:`Reuse.texts` holds of a webhook's text, all that a load needs of it when it is
+not composed (:func:`_noted`): its id, its digest (in the context of the load that noted it),
+its shown fields one per line, the values under its secrets' keys, the environment variables
+its secrets name, and how many nodes it was composed from. (Few objects: the children unpickle
+and pickle 10,000 of them per reload, and its plain data, a tuple per key, took 130 ms.)"""
 
 
 def _reusable_content(item: Node) -> _Content | None:
@@ -761,18 +764,24 @@ def _reusable_content(item: Node) -> _Content | None:
     return tuple(content)
 
 
-def _content_id(content: _Content) -> str | None:
-    """The valid id in a webhook's plain data (as :func:`_given_id` reads it from nodes)."""
+def _noted(content: _Content, given_id: str, digest: bytes) -> _Noted:
+    """What :attr:`Reuse.texts` holds of the webhook of plain data ``content``: what
+    :meth:`_Loader.kept` and :meth:`_Loader.remember_document_secrets` read of it."""
+    secrets: list[str] = []  # the values under a secret's key (as the document's secrets)
+    variables: list[str] = []  # the ${VAR} a secret field names
+    nodes = 1  # its mapping, each key, each value (a list: itself and its items)
     for key, tag, value in content:
-        if key == "id":
-            return value if tag == _STR_TAG and _WEBHOOK_ID.fullmatch(value) else None
-    return None
-
-
-def _content_nodes(content: _Content) -> int:
-    """How many nodes a webhook's plain data was composed from: its mapping, each key, and each
-    value (a list: itself and its items)."""
-    return 1 + sum(2 + len(value) if isinstance(value, tuple) else 2 for _, _, value in content)
+        nodes += 2 + len(value) if isinstance(value, tuple) else 2
+        if _secret_key(key):
+            if isinstance(value, tuple):
+                secrets += (str(sub) for _sub_tag, sub in value)
+            else:
+                secrets.append(str(value))
+        if key in _SECRET_NAMES and tag == _STR_TAG:
+            reference = _ENV_REFERENCE.fullmatch(value)
+            if reference:
+                variables.append(reference.group(1))
+    return (given_id, digest, _shown(content), tuple(secrets), tuple(variables), nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,11 +790,10 @@ class _Piece:
 
     digest: bytes  # of its text
     noted: _Noted
-    given_id: str
     line: int  # 1-based, of its entry
 
     @property
-    def content(self) -> _Content:
+    def given_id(self) -> str:
         return self.noted[0]
 
 
@@ -1417,13 +1425,12 @@ class _Loader:
             segment = text[start:end]
             digest = _text_digest(segment, key)
             noted = known.get(digest) if index else None  # (the first: the list's node)
-            given_id = None if noted is None else _content_id(noted[0])
-            if noted is None or given_id is None:
+            if noted is None:
                 composed.append(index)
                 digests[index] = digest
                 parts.append(segment)
             else:
-                pieces[index] = _Piece(digest, noted, given_id, lines[index] + 1)
+                pieces[index] = _Piece(digest, noted, lines[index] + 1)
                 parts.append("\n" * (lines[index + 1] - lines[index]))
         if not pieces:
             return None
@@ -1439,12 +1446,13 @@ class _Loader:
         if root is None or items is None:
             return None
         if _may_start_token(blanked, "&"):
-            extra = sum(_content_nodes(piece.content) for piece in pieces.values())
+            extra = sum(piece.noted[5] for piece in pieces.values())
             if _shape_problem(root, extra) is not None:
                 return None
         self.remember_document_secrets(root)
         for piece in pieces.values():
-            self.remember_content_secrets(piece.content)
+            for secret in piece.noted[3]:
+                self.remember_secret(secret)
         self.note_texts(text, shape, items, composed, digests)
         written = iter(items.value)
         self._entries[id(items)] = [
@@ -1510,16 +1518,6 @@ class _Loader:
             return None
         self.remember_document_secrets(root)
         return root
-
-    def remember_content_secrets(self, content: _Content) -> None:
-        """What :meth:`remember_document_secrets` remembers of a webhook, from its plain data."""
-        for key, _tag, value in content:
-            if _secret_key(key):
-                if isinstance(value, tuple):
-                    for _sub_tag, sub in value:
-                        self.remember_secret(str(sub))
-                else:
-                    self.remember_secret(str(value))
 
     @staticmethod
     def unknown(key: str, known: tuple[str, ...]) -> str:
@@ -1941,18 +1939,22 @@ class _Loader:
         kept = self.kept(content, given_id, reuse, context)
         text = self._text_of.get(id(item))
         if text is not None:
-            self._fresh.append((text, (content, reuse.read[given_id], _shown(content))))
+            self._fresh.append((text, _noted(content, given_id, reuse.read[given_id])))
         return kept
 
     def keep_uncomposed(self, piece: _Piece, reuse: Reuse, context: bytes) -> None:
-        """:meth:`kept` for a webhook whose text was met before, its shown fields left to
-        :meth:`settle_texts`; raises _Recompose when it is not kept."""
-        content, digest, shown = piece.noted
+        """What :meth:`kept` does, for a webhook whose text was met before, its shown fields
+        left to :meth:`settle_texts`; raises _Recompose when it is not kept."""
+        given_id, digest, shown, _secrets, variables, _nodes = piece.noted
+        reuse.read[given_id] = digest
         # In another context its digest differs from the one in force: it would be built.
-        if context != reuse.context or not self.kept(
-            content, piece.given_id, reuse, context, digest, check_shown=False
-        ):
+        if context != reuse.context or reuse.known.get(given_id) != digest:
             raise _Recompose  # to build it from its nodes
+        for name in variables:
+            variable = self.environ.get(name)
+            if variable:
+                self.remember_secret(variable)
+        reuse.order.append(given_id)
         reuse.texts_read[piece.digest] = piece.noted
         reuse.uncomposed += 1
         self._uncomposed_shown.append(shown)
@@ -1965,7 +1967,7 @@ class _Loader:
         reuse = self.reuse
         if reuse is None:
             return
-        held = self._secrets.held()
+        held = self._secrets.held()  # (settled last: every secret of the load is known)
         if self._uncomposed_shown and _holds_any(
             "\n".join(self._uncomposed_shown), held - reuse.secrets
         ):
@@ -1976,21 +1978,12 @@ class _Loader:
                 reuse.texts_read[text] = noted
         reuse.secrets_read, reuse.context_read = held, self._context
 
-    def kept(
-        self,
-        content: _Content,
-        given_id: str,
-        reuse: Reuse,
-        context: bytes,
-        digest: bytes | None = None,
-        check_shown: bool = True,
-    ) -> bool:
+    def kept(self, content: _Content, given_id: str, reuse: Reuse, context: bytes) -> bool:
         """Whether the webhook of plain data ``content`` (its id valid and not a duplicate) is
-        kept (see :class:`Reuse`); notes its digest (``digest`` when known) in ``reuse.read``
-        when it may be kept next time. Its shown fields are checked if ``check_shown``."""
-        if digest is None:
-            data = marshal.dumps((context, content), 2)
-            digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
+        kept (see :class:`Reuse`); notes its digest in ``reuse.read`` when it may be kept next
+        time. (:meth:`keep_uncomposed` does the same from what was noted of its text.)"""
+        data = marshal.dumps((context, content), 2)
+        digest = hashlib.blake2b(data, key=reuse.key, digest_size=16).digest()
         reuse.read[given_id] = digest
         if reuse.known.get(given_id) != digest:
             return False
@@ -2004,11 +1997,10 @@ class _Loader:
                     self.remember_secret(variable)
         # ...and its shown fields checked (as written: their converters return them unchanged,
         # but for the TLS version, which no secret fits in).
-        if check_shown:
-            found_in = self._secrets.found_in
-            for key, tag, value in content:
-                if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
-                    return False  # built, to report it as a full load does
+        found_in = self._secrets.found_in
+        for key, tag, value in content:
+            if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
+                return False  # built, to report it as a full load does
         reuse.order.append(given_id)
         return True
 

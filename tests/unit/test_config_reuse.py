@@ -401,3 +401,15 @@ def test_a_closer_where_the_list_ends_is_read_alike(
 ) -> None:
     assert LOGGING in HEAD
     check_reuse(before, after, ENVIRON, tmp_path)
+
+
+def test_a_webhook_edited_to_show_the_secret_of_a_kept_text_is_refused(tmp_path: Path) -> None:
+    """The secrets of the webhooks not composed are remembered as the document's: an edited
+    webhook whose url shows one (wh-000006's, its text kept) is refused, as by a full load."""
+    before = base_text(tmp_path / "hook.secret")
+    shown = "https://hooks.shop-1.net/fvRlmDYJPxgebTs8VjbmYwDztTH-hKMJ"
+    assert 'secret: "fvRlmDYJPxgebTs8VjbmYwDztTH-hKMJ"' in before
+    after = before.replace('"https://hooks.shop-1.net/webhooks/4?source=bridge"', f'"{shown}"', 1)
+    assert after != before
+    del TEXT_LOADS[:]
+    assert check_reuse(before, after, ENVIRON, tmp_path) == 0, "refused"

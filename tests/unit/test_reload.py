@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import marshal
 import os
 import pickle
 import time
@@ -418,13 +419,13 @@ def _child(path: Path) -> tuple[dict[str, Any], dict[str, bytes], dict[str, byte
     request: dict[str, Any] = {"path": str(path), "environ": {}, "key": b"k" * 32, "prime": True}
     primed = answer(request)
     assert primed[0] == "primed"
-    known, sources, *noted = pickle.loads(primed[2])
-    return {**request, "prime": False}, known, sources, pickle.dumps(tuple(noted))
+    known, sources, *noted = marshal.loads(primed[2])
+    return {**request, "prime": False}, known, sources, marshal.dumps(tuple(noted))
 
 
 def _state(known: dict[str, bytes], sources: dict[str, bytes], noted: bytes = b"") -> bytes:
     """A state of these digests, and the texts (with their secrets and context) of ``noted``."""
-    return pickle.dumps((known, sources, *(pickle.loads(noted) if noted else ({}, set(), b""))))
+    return marshal.dumps((known, sources, *(marshal.loads(noted) if noted else ({}, set(), b""))))
 
 
 @pytest.mark.parametrize(
@@ -471,12 +472,12 @@ def test_the_child_ships_only_webhooks_whose_digest_differs() -> None:
     # Nothing known of their YAML: every webhook is built, and compared by its digest.
     unchanged = answer({**request, "state": _state(known, {})})
     assert unchanged[3:6] == (("same",), len(known), []), "nothing changed, nothing shipped"
-    assert pickle.loads(unchanged[6])[:2] == (known, sources)
+    assert marshal.loads(unchanged[6])[:2] == (known, sources)
     first = next(iter(known))
     one = answer({**request, "state": _state({**known, first: b"other"}, {})})
     assert [w.id for chunk in one[5] for w in pickle.loads(chunk)] == [first]
     assert one[3:5] == (("same",), len(known))
-    assert pickle.loads(one[6])[0] == known, "the next state has the digest shipped"
+    assert marshal.loads(one[6])[0] == known, "the next state has the digest shipped"
     moved = dict(reversed(known.items()))
     assert answer({**request, "state": _state(moved, {})})[3] == ("all", tuple(known))
 
@@ -490,15 +491,15 @@ def test_the_child_builds_only_webhooks_whose_yaml_changed() -> None:
     for noted in (b"", texts):  # whether the webhooks' texts are known or not, the same answers
         kept = answer({**request, "state": _state(known, sources, noted)})
         assert kept[3:6] == (("same",), len(known), [])
-        assert pickle.loads(kept[6])[:2] == (known, sources)
+        assert marshal.loads(kept[6])[:2] == (known, sources)
         # its digest in force said to differ: it is not built, so not shipped
         said = answer({**request, "state": _state({**known, first: b"x"}, sources, noted)})
-        assert said[5] == [] and pickle.loads(said[6])[0][first] == b"x"
+        assert said[5] == [] and marshal.loads(said[6])[0][first] == b"x"
         # its YAML said to differ: built, and shipped
         stale = {**sources, first: b"y" * 16}
         shipped = answer({**request, "state": _state({**known, first: b"x"}, stale, noted)})
         assert [w.id for chunk in shipped[5] for w in pickle.loads(chunk)] == [first]
-        assert pickle.loads(shipped[6])[:2] == (known, sources)
+        assert marshal.loads(shipped[6])[:2] == (known, sources)
 
 
 def test_a_state_out_of_step_makes_the_child_load_everything() -> None:
@@ -513,7 +514,7 @@ def test_a_state_out_of_step_makes_the_child_load_everything() -> None:
     reply = answer({**request, "state": _state(lacking, sources, texts)})
     assert reply[0] == "config" and reply[4] == len(known)
     assert sum(len(pickle.loads(chunk)) for chunk in reply[5]) == len(known)
-    assert pickle.loads(reply[6])[:2] == (known, sources)
+    assert marshal.loads(reply[6])[:2] == (known, sources)
 
 
 def test_fingerprints_look_at_the_content_only_when_stat_moves_or_when_asked(
@@ -884,7 +885,7 @@ def test_the_first_load_primes_the_watcher_so_a_change_during_start_ships_only_i
     path = tmp_path / "bridge.yaml"
     path.write_text(many_hooks(40))
     config, primer = load_isolated_primed(path, {})
-    assert primer is not None and len(pickle.loads(primer.state)[0]) == 40
+    assert primer is not None and len(marshal.loads(primer.state)[0]) == 40
     changes: list[Config] = []
     watcher = ConfigWatcher(
         config,
