@@ -303,6 +303,8 @@ class ConfigWatcher:
         try:
             self._on_change(config)
         except Exception as exc:
+            if self._loader is not None:
+                self._loader.not_in_force()
             return _internal(config.path, "applying", exc)
         self._reported = None
         self._attempted = None
@@ -359,6 +361,9 @@ class _IsolatedLoader:
             tuple[Config, dict[str, Webhook], bytes, tuple[Webhook, ...] | None] | None
         ) = None
         self.keep_spare = False  # start the next child as soon as one has answered (run())
+        # Whether what ``on_change`` was handed last is known to be all in force or none of it
+        # (see changed()).
+        self._handed_whole = True
 
     @property
     def primed(self) -> bool:
@@ -418,6 +423,7 @@ class _IsolatedLoader:
     def in_force(self, config: Config) -> None:
         """``config`` was applied: its webhooks and digests are the ones in force now."""
         pending, self._pending = self._pending, None
+        self._handed_whole = True
         if pending is not None and pending[0] is config:
             _config, self._by_id, self._state, _changed = pending
         else:
@@ -425,9 +431,17 @@ class _IsolatedLoader:
 
     def changed(self, config: Config) -> tuple[Webhook, ...] | None:
         """The webhooks of ``config`` (loaded, not yet in force) that are not the ones in force,
-        when every other one is the very object in force, in the same order; else None."""
+        when every other one is the very object in force, in the same order; else None. Also
+        None after a hand-over that failed: ``on_change`` may have put part of it in force
+        (the index, say), so "the ones in force" is not known until one succeeds."""
         pending = self._pending
-        return pending[3] if pending is not None and pending[0] is config else None
+        if not self._handed_whole or pending is None or pending[0] is not config:
+            return None
+        return pending[3]
+
+    def not_in_force(self) -> None:
+        """``on_change`` failed on the configuration last loaded (some of it may be in force)."""
+        self._handed_whole = False
 
     async def start_spare(self) -> None:
         """Start the next child now, if none is waiting."""

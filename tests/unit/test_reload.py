@@ -662,6 +662,42 @@ def test_updated_with_the_changed_webhooks_said_matches_a_rebuild(
         index = updated
 
 
+def test_after_a_failed_hand_over_nothing_is_said_changed(tmp_path: Path) -> None:
+    """``on_change`` put the index in force, then failed: the watcher still has the old file in
+    force, the index has the new webhooks. The next hand-over says nothing changed (a hint
+    against the watcher's webhooks would leave the index stale); it repairs the index by the
+    full pass. (Found by a review helper.)"""
+    path = tmp_path / "bridge.yaml"
+    path.write_text(many_hooks(40))
+    current = load_config(path, {})
+    index = {"subscriptions": Subscriptions(current.webhooks), "fail": True}
+    said: list[object] = []
+
+    def on_change(config: Config) -> None:
+        changed = watcher.changed(config)
+        said.append(changed)
+        index["subscriptions"] = index["subscriptions"].updated(config.webhooks, changed)
+        if index["fail"]:
+            index["fail"] = False
+            raise RuntimeError("after the index")
+
+    watcher = ConfigWatcher(current, on_change, lambda error: None, environ={}, isolated=True)
+
+    async def scenario() -> None:
+        assert watcher._loader is not None
+        await watcher._loader.prime(current)
+        path.write_text(many_hooks(40, timeout_of_second=7.5))
+        await watcher.poll()  # rejected after the index took it
+        path.write_text(many_hooks(40))  # back to the file in force
+        await watcher.poll()
+        await watcher._loader.close()
+
+    asyncio.run(scenario())
+    assert said[0] is not None and said[1] is None
+    assert same_index(index["subscriptions"], Subscriptions(watcher.current.webhooks))
+    assert index["subscriptions"].get("hook-1").timeout_seconds == 10.0
+
+
 def test_changed_webhooks_said_wrongly_are_found_by_a_full_pass() -> None:
     hooks = [hook(f"h{n}", f"acct_{n % 4}", "transaction.success") for n in range(10)]
     index = Subscriptions(hooks)
