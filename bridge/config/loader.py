@@ -160,12 +160,12 @@ class Reuse:
     reports, and keeps only webhooks a full load would build equal to the ones in force.
 
     ``texts`` goes further: it maps the keyed digest of a webhook's *text* (its segment of the
-    file, :mod:`bridge.config.segments`) to that webhook's mapping as plain data, as read from
-    the same text in a load that was accepted. A segment met again is not composed at all: its
-    lines are left blank in the text composed, and its plain data stands for its nodes in every
-    check above (and in the document's alias and secret checks). Only a segment with no anchor,
-    alias, tag, directive, block scalar or tab is noted (the text composes to the same nodes
-    wherever it starts clean, and libyaml and PyYAML agree on it). Whatever such a load finds
+    file, :mod:`bridge.config.segments`) to a small record of that webhook (:data:`_Noted`), as
+    read from the same text in a load that was accepted. A segment met again is not composed at
+    all: its lines are left blank in the text composed, and its record stands for its nodes in
+    every check above (and in the document's alias and secret checks). Only a segment with no
+    anchor, alias, tag, directive, block scalar or tab is noted (the text composes to the same
+    nodes wherever it starts clean, and libyaml and PyYAML agree on it). Whatever such a load finds
     wrong, however little, the file is loaded again in full (see :func:`load_config`): a load
     that uses ``texts`` only ever accepts, and accepts exactly what a full load accepts.
 
@@ -209,7 +209,7 @@ class Reuse:
 
 class _Recompose(Exception):
     """A load that left segments uncomposed (:attr:`Reuse.texts`) met something it cannot
-    settle from their plain data: the file is loaded again in full."""
+    settle from their records: the file is loaded again in full."""
 
 
 def load_config(
@@ -1410,7 +1410,7 @@ class _Loader:
 
     def compose_reusing(self, text: str, shape: Layout) -> Node | None:
         """The document with the webhooks whose text is in :attr:`Reuse.texts` left out (their
-        lines blank), its secrets remembered, those webhooks' plain data in their place in
+        lines blank), its secrets remembered, those webhooks' records in their place in
         :attr:`_entries`; or None, having changed nothing, when that would not read the file as
         a full compose does (see :mod:`bridge.config.segments`) or there is nothing to leave
         out."""

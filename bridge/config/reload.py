@@ -30,15 +30,16 @@ its imports are done when a change comes, loads the files, answers, and exits. I
 again only the webhooks whose text changed, and builds again only those whose YAML changed
 (:class:`~bridge.config.loader.Reuse`: at 10,000 webhooks, composing and building them all was
 most of a reload's time). For that, each child answers with a *state* the next one reads: a
-keyed digest of each webhook loaded, in order, one of its YAML, and the plain data of its text.
+keyed digest of each webhook loaded, in order, one of its YAML, and a record of its text.
 The watcher keeps the state of the configuration in force as the bytes the child wrote and
-sends them to the next child unread (unpickling and pickling it again was milliseconds of the
+sends them to the next child unread (reading and writing it again was milliseconds of the
 event loop's time). What else comes back is small: the non-webhook sections, the webhooks whose
 digest differs from the one in force and, only when webhooks were removed or moved, the ids in
 their new order. The event loop unpickles the webhooks ``CHUNK`` at a time, giving way between
 chunks, keeps every unchanged :class:`~bridge.core.webhook.Webhook` object as it is, and hands
-over the new configuration in one step of its own (at 10,000 webhooks about 10 ms of CPU,
-mostly :meth:`Subscriptions.updated`). When :meth:`ConfigWatcher.run` starts, a first child
+over the new configuration in one step of its own, saying which webhooks changed
+(:meth:`ConfigWatcher.changed`: :meth:`Subscriptions.updated` then makes no pass over all of
+them). When :meth:`ConfigWatcher.run` starts, a first child
 loads the files in force to learn their state (:attr:`ConfigWatcher.primed`; were they changed
 meanwhile, the first reload ships every webhook, still a chunk at a time). The digests are keyed
 by a random key of this process; the state, which holds the webhooks' secrets as written in the
@@ -351,7 +352,7 @@ class _IsolatedLoader:
         self._spare: subprocess.Popen[bytes] | None = None
         # What the children know of the webhooks in force, once known (from the first load's
         # child): their digests, those of their YAML and their texts (see :func:`answer`),
-        # pickled by a child and read by the next one only (this process never unpickles it:
+        # written by a child and read by the next one only (this process never reads it:
         # at 10,000 webhooks that was milliseconds of the event loop's time per reload).
         self._state: bytes | None = None if primer is None else primer.state
         self._by_id: dict[str, Webhook] = {w.id: w for w in current.webhooks}
@@ -625,7 +626,7 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
 
     The request carries the state the previous child answered with (empty when nothing is
     known): the keyed digest of each webhook in force, in order; the digests of their YAML; the
-    plain data of their texts, with the secrets and the context of the load that noted them
+    records of their texts, with the secrets and the context of the load that noted them
     (:class:`~bridge.config.loader.Reuse`). The webhooks whose YAML
     (or text) did not change are not built again; of those built, only the ones that differ
     from the webhooks in force are shipped. With ``prime``, nothing is shipped: the answer is
@@ -639,14 +640,12 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
     )
     reuse = Reuse(key, sources, texts, noted_secrets, context)
     try:
-        config = load_config(path, request["environ"], reuse)
-        built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
+        config, built = _built(path, request["environ"], reuse)
         try:
             digests = {i: built[i][1] if i in built else known[i] for i in reuse.order}
         except KeyError:  # (kept, but not in force: a state out of step) load it all again
             known, reuse = {}, Reuse(key, {})
-            config = load_config(path, request["environ"], reuse)
-            built = {w.id: (w, webhook_digest(w, key)) for w in config.webhooks}
+            config, built = _built(path, request["environ"], reuse)
             digests = {i: built[i][1] for i in reuse.order}
     except ConfigError as exc:
         return ("rejected", exc.path, list(exc.problems))
@@ -670,6 +669,14 @@ def answer(request: dict[str, Any]) -> tuple[Any, ...]:
     kafka = dataclasses.replace(config.kafka, properties=cast(Mapping[str, Any], {}))
     sections = dataclasses.replace(config, kafka=kafka, webhooks=())
     return ("config", sections, properties, in_order, len(order), chunks, following)
+
+
+def _built(
+    path: str, environ: Mapping[str, str], reuse: Reuse
+) -> tuple[Config, dict[str, tuple[Webhook, bytes]]]:
+    """The configuration loaded with ``reuse``, and each webhook it built with its digest."""
+    config = load_config(path, environ, reuse)
+    return config, {w.id: (w, webhook_digest(w, reuse.key)) for w in config.webhooks}
 
 
 def worker_main() -> None:
