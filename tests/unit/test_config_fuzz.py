@@ -548,7 +548,10 @@ class Grammar:
             if self.chance(0.2):
                 value = self.pick([f"{{file: {self.secret_file}}}", "{file: /no/such/file}"])
             elif self.good and self.chance(0.9):
-                value = self.pick([PLANTED, "'${FUZZ_SECRET}'", f"'{PLANTED}-2'", "'5'"])
+                # The planted secret in a credential only: any other property is shown as
+                # written (a value from the environment is masked whatever the property).
+                planted = [PLANTED, f"'{PLANTED}-2'"] if name in SECRET_KEYS else []
+                value = self.pick([*planted, "'${FUZZ_SECRET}'", "'5'"])
             else:
                 value = self.value(3, name)
             entries.append(f"{json.dumps(name)}: {value}")
