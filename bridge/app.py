@@ -27,6 +27,7 @@ from bridge.kafka.lag import GroupLag, Reading
 from bridge.kafka.producer import DurableProducer
 from bridge.kafka.security import KafkaFatalError, producer_failure
 from bridge.ops.health import health_app, start_health_server
+from bridge.ops.limits import raise_open_file_limit, wanted_open_files
 from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
 
@@ -244,6 +245,24 @@ class App:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        delivery = self.config.delivery
+        files = raise_open_file_limit(
+            wanted_open_files(delivery.max_in_flight, delivery.max_idle_connections)
+        )
+        if not files.enough:
+            log.warning(
+                "open_files.limit_low",
+                extra={
+                    "fields": {
+                        "soft": files.soft,
+                        "hard": files.hard,
+                        "wanted": files.wanted,
+                        "detail": "the hard open-file limit is below delivery.max_in_flight + "
+                        "delivery.max_idle_connections + 512: a connection past it fails its "
+                        "delivery (connection_error); raise the limit or lower the settings",
+                    }
+                },
+            )
         runner = await start_health_server(
             health_app(
                 self.registry,
@@ -272,6 +291,7 @@ class App:
                     "group": self.config.kafka.group_id,
                     "webhooks": len(self.config.webhooks),
                     "metrics_port": bound_port(runner),  # the real one, also with port 0
+                    "open_files_limit": files.soft,
                 }
             },
         )

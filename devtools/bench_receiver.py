@@ -26,6 +26,8 @@ from collections import Counter
 
 from aiohttp import web
 
+BACKLOG = 4096
+
 
 class BenchReceiver:
     """The receiver's state: behaviour settings, per-id attempt counts and the request log."""
@@ -104,9 +106,13 @@ async def serve(
     both are given, until cancelled."""
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    # A backlog of 4,096 (the kernel's somaxconn here; aiohttp's default is 128): a bridge
+    # opening connections to 500 host names at once overflowed 128, and connections waited
+    # for SYN retransmissions (1 s, 3 s), timing out on the stand-in, not on the bridge.
+    await web.TCPSite(runner, "127.0.0.1", port, backlog=BACKLOG).start()
     if tls_port and tls_cert:
-        site = web.TCPSite(runner, "127.0.0.1", tls_port, ssl_context=server_context(tls_cert))
+        context = server_context(tls_cert)
+        site = web.TCPSite(runner, "127.0.0.1", tls_port, ssl_context=context, backlog=BACKLOG)
         await site.start()
     try:
         await asyncio.Event().wait()  # until killed

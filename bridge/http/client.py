@@ -50,10 +50,12 @@ Behaviour a receiver and an operator can rely on:
   common servers: Node.js 5 s, nginx 75 s) is not reused, so a request rarely meets a connection
   the server is closing; a timer closes it then, whether or not its origin is used again. At most
   ``max_idle`` connections are idle at once, across every origin (the bridge gives it
-  ``delivery.max_in_flight``: more could never be busy at once); past it the one idle longest
-  is closed. So the sockets held between deliveries stay bounded however many hosts the
-  webhooks name (:class:`_Pools`). Nothing is ever sent twice here: each attempt is one
-  request, and a failure is reported for the retry ladder to handle.
+  ``delivery.max_idle_connections``); past it the one idle longest is closed. So the sockets
+  held between deliveries stay bounded however many hosts the webhooks name (:class:`_Pools`).
+  The bound is not the in-flight limit: hosts' busy moments do not coincide, so the idle
+  connections that many hosts need between them add up to more than are ever busy at once.
+  Nothing is ever sent twice here: each attempt is one request, and a failure is reported for
+  the retry ladder to handle.
 - Response heads larger than ``header_limit`` bytes and malformed responses are
   ``invalid_response``.
 - :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and

@@ -76,7 +76,7 @@ class HttpSender:
             DestinationPolicy(delivery.allow_private_networks, delivery.allowed_networks),
             connect_timeout=delivery.connect_timeout_seconds,
             body_limit=delivery.response_body_limit_bytes,
-            max_idle=delivery.max_in_flight,  # more can never be busy at once
+            max_idle=delivery.max_idle_connections,
         )
 
     def __init__(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -351,6 +353,52 @@ def test_port_zero_is_reported_as_the_port_actually_bound(
         assert isinstance(port, int) and port > 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
             assert answer.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        log.close()
+
+
+def test_the_open_file_limit_is_raised_at_start_and_a_low_hard_limit_reported(
+    receiver: Receiver, bridge_setup: Setup, tmp_path: Path
+) -> None:
+    """Started with a soft limit of 256 under a hard one of 1,024 (below what the delivery
+    settings may hold open), the bridge raises its soft limit to the hard one, says so in
+    ``bridge.started``, warns ``open_files.limit_low``, and delivers."""
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))])
+    setup.delivery.update(max_in_flight=300, max_idle_connections=700)
+    config = setup.write_config()
+    log_path = tmp_path / "files.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "run", "-c", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024)),
+    )
+    try:
+
+        def event(name: str) -> dict[str, Any] | None:
+            for line in log_path.read_text().splitlines():
+                if f'"{name}"' in line:
+                    found: dict[str, Any] = json.loads(line)
+                    return found
+            return None
+
+        wait_for(lambda: event("bridge.started") is not None, 30, message="bridge.started")
+        started, low = event("bridge.started"), event("open_files.limit_low")
+        assert started is not None and started["open_files_limit"] == 1024
+        assert low is not None, log_path.read_text()
+        assert (low["soft"], low["hard"], low["wanted"]) == (1024, 1024, 300 + 700 + 512)
+        limits = Path(f"/proc/{process.pid}/limits").read_text().splitlines()
+        assert [line.split()[3:5] for line in limits if line.startswith("Max open files")] == [
+            ["1024", "1024"]
+        ]
+        produce(
+            setup.bootstrap, setup.source, encode_records(SCHEMA, [make_record("tx-f", "acct_1")])
+        )
+        wait_for(lambda: len(receiver.on("/hook")) == 1, 60, message="the delivery")
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0

@@ -12,8 +12,10 @@ import pytest
 import trustme
 
 from bridge.core.destinations import DestinationPolicy
+from bridge.core.settings import DeliveryConfig
 from bridge.http.client import HttpClient, HttpError, Target, render_request
 from bridge.http.resolver import SafeResolver
+from bridge.http.sender import HttpSender
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}
@@ -379,6 +381,44 @@ def test_idle_connections_across_origins_are_bounded_the_longest_idle_closed_fir
             await http.close()
 
     asyncio.run(many_origins(12, test))
+
+
+def test_a_bound_of_zero_keeps_no_connection_idle() -> None:
+    async def test(urls: list[str], servers: list[Server]) -> None:
+        http = client(max_idle=0)
+        try:
+            for _ in range(3):
+                assert await http.post(urls[0], HEADERS, b"{}", 5) == 200
+                assert http.idle_connections == 0
+            await wait_for(lambda: not http._live)
+            assert servers[0].connections == 3  # a new connection per request
+        finally:
+            await http.close()
+
+    asyncio.run(many_origins(1, test))
+
+
+def test_the_sender_keeps_idle_what_max_idle_connections_allows_not_what_max_in_flight_does() -> (
+    None
+):
+    """Between deliveries the connections idle across hosts outnumber those ever busy at once;
+    the in-flight limit does not bound them (it once did, and 45 % of the deliveries to 10,000
+    webhooks on 500 hosts opened a connection)."""
+    delivery = DeliveryConfig(max_in_flight=2, max_idle_connections=6, allow_private_networks=True)
+
+    async def test(urls: list[str], servers: list[Server]) -> None:
+        http = HttpSender.from_settings(delivery)._client
+        try:
+            for url in urls:  # one at a time: never more than one busy
+                assert await http.post(url, HEADERS, b"{}", 5) == 200
+            assert http.idle_connections == 6
+            for url in urls[-6:]:  # each reused
+                assert await http.post(url, HEADERS, b"{}", 5) == 200
+            assert [server.connections for server in servers[-6:]] == [1] * 6
+        finally:
+            await http.close()
+
+    asyncio.run(many_origins(8, test))
 
 
 def test_idle_connections_are_closed_on_time_even_when_their_origin_is_never_used_again() -> None:
