@@ -91,6 +91,8 @@ from bridge.core.keys import (
     sections,
 )
 from bridge.core.settings import (
+    DEFAULT_MAX_IN_FLIGHT,
+    IDLE_PER_IN_FLIGHT,
     KAFKA_ENVIRONMENT,
     Config,
     DeliveryConfig,
@@ -1354,6 +1356,8 @@ class _Loader:
             sections[name] = self.section(entry and entry[2], spec, _section_where(name))
             self.refuse_shown_secrets(sections[name], tuple(sections[name].values))
         delivery_values = sections["delivery"].values
+        in_flight = delivery_values.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)
+        delivery_values.setdefault("max_idle_connections", IDLE_PER_IN_FLIGHT * in_flight)
         tls = self.tls(self.within(sections["delivery"]), TlsSettings())
         delivery = DeliveryConfig(
             **{k: v for k, v in delivery_values.items() if k not in _TLS_FIELDS}, tls=tls

@@ -1202,6 +1202,30 @@ webhooks: []
     assert PLANTED not in repr(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("delivery", "idle"),
+    [
+        ("", 2000),  # twice the default max_in_flight
+        ("  max_in_flight: 300\n", 600),  # twice the one given
+        ("  max_in_flight: 300\n  max_idle_connections: 7\n", 7),
+        ("  max_idle_connections: 0\n", 0),  # none kept
+    ],
+)
+def test_idle_connections_default_to_twice_the_in_flight_limit(
+    tmp_path: Path, delivery: str, idle: int
+) -> None:
+    text = webhook_yaml()
+    if delivery:
+        text = text.replace("webhooks:", f"delivery:\n{delivery}webhooks:")
+    assert load_config(write(tmp_path, text), {}).delivery.max_idle_connections == idle
+
+
+def test_a_negative_idle_connection_bound_is_refused(tmp_path: Path) -> None:
+    text = webhook_yaml().replace("webhooks:", "delivery:\n  max_idle_connections: -1\nwebhooks:")
+    (problem,) = problems_of(write(tmp_path, text))
+    assert "delivery.max_idle_connections" in problem and "0" in problem, problem
+
+
 def test_receiver_tls_settings_default_from_delivery_and_override_per_webhook(
     tmp_path: Path,
 ) -> None:
