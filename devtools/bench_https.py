@@ -395,8 +395,8 @@ def scenario_bridge_https(
     rss_at: dict[str, float] = {}
     pending = sorted(checkpoint for checkpoint in checkpoints if checkpoint <= records)
     first: list[tuple[int, float]] = []  # deliveries and CPU seconds when deliveries were seen
-    started = time.time()
     with stage.bridge(topic, hooks) as process:
+        started = stage.bridge_started
 
         def done() -> bool:
             received = stage.received()
