@@ -27,7 +27,7 @@ from bridge.kafka.lag import GroupLag, Reading
 from bridge.kafka.producer import DurableProducer
 from bridge.kafka.security import KafkaFatalError, producer_failure
 from bridge.ops.health import health_app, start_health_server
-from bridge.ops.limits import raise_open_file_limit, wanted_open_files
+from bridge.ops.limits import OTHER_FILES, OpenFiles, raise_open_file_limit, wanted_open_files
 from bridge.ops.logs import LIBRDKAFKA
 from bridge.ops.metrics import Metrics
 
@@ -245,24 +245,7 @@ class App:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        delivery = self.config.delivery
-        files = raise_open_file_limit(
-            wanted_open_files(delivery.max_in_flight, delivery.max_idle_connections)
-        )
-        if not files.enough:
-            log.warning(
-                "open_files.limit_low",
-                extra={
-                    "fields": {
-                        "soft": files.soft,
-                        "hard": files.hard,
-                        "wanted": files.wanted,
-                        "detail": "the hard open-file limit is below delivery.max_in_flight + "
-                        "delivery.max_idle_connections + 512: a connection past it fails its "
-                        "delivery (connection_error); raise the limit or lower the settings",
-                    }
-                },
-            )
+        files = self._raise_open_file_limit()
         runner = await start_health_server(
             health_app(
                 self.registry,
@@ -308,6 +291,23 @@ class App:
             self.clean = await self._shut_down(runner)
         if self.failure is not None:
             raise self.failure
+
+    def _raise_open_file_limit(self) -> OpenFiles:
+        """Raise the soft open-file limit to what the delivery settings may hold open; warn
+        when the hard limit is lower."""
+        delivery = self.config.delivery
+        files = raise_open_file_limit(
+            wanted_open_files(delivery.max_in_flight, delivery.max_idle_connections)
+        )
+        if not files.enough:
+            detail = (
+                "the hard open-file limit is below delivery.max_in_flight + "
+                f"delivery.max_idle_connections + {OTHER_FILES}: a connection past it fails its "
+                "delivery (connection_error); raise the limit or lower the settings"
+            )
+            fields = {"soft": files.soft, "hard": files.hard, "wanted": files.wanted}
+            log.warning("open_files.limit_low", extra={"fields": {**fields, "detail": detail}})
+        return files
 
     async def _shut_down(self, runner: web.AppRunner) -> bool:
         """Drain, commit, leave the group and flush, all within the shutdown grace period

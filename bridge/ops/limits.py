@@ -3,7 +3,7 @@
 Every delivery in flight holds a socket, and so does every idle keep-alive connection; the Kafka
 clients, the operator port and the configuration watcher hold a few more. A soft limit of 1,024
 (many systems' default) is below what the defaults allow (``max_in_flight`` 1,000 plus
-``max_idle_connections`` 4,000), and a connection refused by it fails a delivery
+``max_idle_connections`` 2,000), and a connection refused by it fails a delivery
 (``connection_error``, EMFILE) for no fault of its receiver. The soft limit is raised, up to the
 hard one, as other network services do at start; a hard limit too low for the settings is
 reported, not fatal.
