@@ -664,4 +664,5 @@ class HttpClient:
             connection.abort()
         self._live.clear()
         self._pools.clear()
+        self._resolver.close()
         await asyncio.sleep(0)  # let the transports run their close callbacks
