@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: $(STAMP) prometheus-tools helm-tools
+unit: $(STAMP) prometheus-tools helm-tools net-tools
 	$(PY) -m pytest tests/unit
 
 integration: setup

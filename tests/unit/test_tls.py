@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import socket
 import ssl
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -290,3 +294,89 @@ def test_a_host_giving_no_ticket_is_not_asked_again_for_a_while(
     assert connect(
         MemoryEnd(client, False, "h12.example"), MemoryEnd(tickets_12, True)
     ).session_reused
+
+
+# --- Key exchanges of bounded cost: the handshake runs on the loop every delivery shares -------
+
+
+@pytest.fixture(scope="module")
+def rsa_ca() -> trustme.CA:
+    return trustme.CA(key_type=trustme.KeyType.RSA)
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    """Run ``openssl`` (installed by ``make setup``: deploy/kafka/ensure-net-tools.sh)."""
+    assert shutil.which("openssl"), "the openssl command is missing: run make setup"
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def test_a_tls12_server_choosing_finite_field_dhe_is_refused(
+    rsa_ca: trustme.CA, tmp_path: Path
+) -> None:
+    """A server's own DH prime costs the client up to a second of CPU per handshake (tls.py's
+    text): the bridge offers no DHE suite, so such a server cannot complete a handshake; the same
+    server with ECDHE answers."""
+    openssl("genpkey", "-genparam", "-algorithm", "DH", "-pkeyopt", "group:ffdhe2048",
+            "-out", "dh.pem", cwd=tmp_path)  # fmt: skip
+    rsa_ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    outcomes = []
+    for suite in ("DHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256"):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        rsa_ca.issue_cert("127.0.0.1", key_type=trustme.KeyType.RSA).configure_cert(context)
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        context.load_dh_params(str(tmp_path / "dh.pem"))
+        context.set_ciphers(suite)
+        (outcome,), _ = deliver(context, [TlsSettings(ca_file=str(tmp_path / "ca.pem"))])
+        outcomes.append(outcome)
+    dhe, ecdhe = outcomes
+    assert (dhe.status, dhe.error) == (None, "tls_error"), dhe
+    assert ecdhe.status == 204
+
+
+@pytest.mark.parametrize(("groups", "completes"), [("ffdhe2048", False), ("P-256", True)])
+def test_a_tls13_server_asking_for_a_finite_field_group_is_refused(
+    ca: trustme.CA, tmp_path: Path, groups: str, completes: bool
+) -> None:
+    """``openssl s_server`` limited to ``groups`` (Python cannot limit a server's groups): only
+    P-256 is offered, so a server that wants ffdhe8192 (175 ms of client CPU per handshake) or
+    any finite-field group gets no handshake."""
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert shutil.which("openssl"), "the openssl command is missing: run make setup"
+    server = subprocess.Popen(
+        ["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", "s.pem", "-key", "s.pem",
+         "-tls1_3", "-groups", groups, "-quiet", "-naccept", "1"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "openssl s_server did not listen"
+                time.sleep(0.05)
+        context = make_context(TlsSettings(ca_file=str(tmp_path / "ca.pem")))
+        with raw:
+            if completes:
+                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls_socket:
+                    assert tls_socket.version() == "TLSv1.3"
+            else:
+                with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE"):
+                    context.wrap_socket(raw, server_hostname="127.0.0.1")
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def test_every_context_offers_no_dhe_suite_and_refuses_renegotiation() -> None:
+    context = make_context(TlsSettings())
+    names = [cipher["name"] for cipher in context.get_ciphers()]
+    assert names and not [name for name in names if name.startswith("DHE")]
+    assert {"TLS_AES_128_GCM_SHA256", "ECDHE-RSA-AES128-GCM-SHA256"} <= set(names)
+    assert context.options & ssl.OP_NO_RENEGOTIATION
