@@ -107,7 +107,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bridge.kafka.security import KafkaFatalError
     from bridge.ops import logs
 
-    config, primer = load_isolated_primed(config_path(args))  # no parse leftovers held
+    # The service's modules are imported while a child process reads the configuration: the
+    # wait for the child (a system call, without the interpreter lock) and the imports overlap.
+    imports = threading.Thread(target=_import_service, name="import-service", daemon=True)
+    imports.start()
+    try:
+        config, primer = load_isolated_primed(config_path(args))  # no parse leftovers held
+    finally:
+        imports.join()
     logs.configure(config.logging.format, config.logging.level)
     if config.schemas.mode == "registry" and not _registry_admits(config):
         return EXIT_FAILED
@@ -126,6 +133,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(EXIT_OK)
     return EXIT_OK
+
+
+def _import_service() -> None:
+    """Import what ``bridge run`` runs, ahead of need. A failure is left for the import that
+    needs the module, which reports it where it matters."""
+    try:
+        import uvloop  # noqa: F401
+
+        import bridge.app  # noqa: F401
+    except Exception:
+        return
 
 
 def _registry_admits(config: Config) -> bool:

@@ -185,3 +185,18 @@ def test_status_finds_the_operator_port_in_the_configuration(
     finally:
         server.close()
     assert "down" in capsys.readouterr().out
+
+
+def test_the_service_imports_ahead_of_need_leave_a_failure_to_the_import_that_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``bridge run`` imports the service's modules while the child reads the configuration; a
+    module that cannot be imported there raises nothing on that thread."""
+    import sys
+
+    from bridge.cli import _import_service
+
+    monkeypatch.setitem(sys.modules, "bridge.app", None)  # importing it raises ImportError
+    _import_service()  # returns, raising nothing
+    with pytest.raises(ImportError):
+        import bridge.app  # noqa: F401
