@@ -123,8 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KafkaFatalError as exc:  # logged as kafka.start_failed or kafka.producer_failed
         # Said here and ended at once: the Kafka clients' threads may still be inside
         # librdkafka, and tearing them down at interpreter exit crashed the process (SIGSEGV).
+        logging.shutdown()  # (the log's lines first: they are written by a thread)
         print(f"error: {exc}\nhint: {exc.hint}", file=sys.stderr, flush=True)
-        logging.shutdown()
         os._exit(EXIT_FAILED)
     if not clean:
         # A step of the shutdown was cut at the grace deadline (the broker unreachable, say):
@@ -150,11 +150,14 @@ def _registry_admits(config: Config) -> bool:
     """At start: False (said, with a hint) when the schema registry refuses the credentials,
     which no retry mends. A registry that cannot answer now is only logged: the records that
     need it hold their partitions until it does."""
+    from bridge.ops import logs
+
     refused, unavailable = _probe_registry(config)
     if refused is not None:
         logging.getLogger("bridge.app").error(
             "registry.refused", extra={"fields": {"error": refused}}
         )
+        logs.drain()  # (its line first: the log is written by a thread)
         print(f"error: {refused}\nhint: {REGISTRY_HINT}", file=sys.stderr, flush=True)
         return False
     if unavailable is not None:

@@ -101,13 +101,14 @@ class BridgeSetup:
     def delay_topic(self, rung: int) -> str:
         return f"{self.source}.retry.{rung}"
 
-    def start_bridge(self, wait_assigned: bool = True) -> BridgeProcess:
-        """Start one bridge process; by default wait until it has partitions assigned."""
+    def start_bridge(self, wait_assigned: bool = True, output: int | None = None) -> BridgeProcess:
+        """Start one bridge process; by default wait until it has partitions assigned.
+        ``output``: a file descriptor for its stdout and stderr instead of its log file."""
         process = BridgeProcess(
             self.config_path, self.workdir / f"bridge-{len(self.processes)}.log", self.env
         )
         self.processes.append(process)
-        process.start(wait_assigned=wait_assigned)
+        process.start(wait_assigned=wait_assigned, output=output)
         return process
 
     def produce_records(self, records: list[dict[str, Any]]) -> None:
@@ -156,15 +157,18 @@ class BridgeProcess:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_assigned: bool = True, timeout: float = 60.0) -> None:
-        """Start the process; by default wait until it has partitions assigned."""
+    def start(
+        self, wait_assigned: bool = True, timeout: float = 60.0, output: int | None = None
+    ) -> None:
+        """Start the process; by default wait until it has partitions assigned. ``output``: a
+        file descriptor for its stdout and stderr instead of its log file."""
         text = self.config_path.read_text().replace("port: 0", f"port: {self.port}")
         own_config = self.log_path.with_suffix(".yaml")
         own_config.write_text(text)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "bridge", "run", "-c", str(own_config)],
-                stdout=log,
+                stdout=log if output is None else output,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
                 env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},

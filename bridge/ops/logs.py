@@ -11,14 +11,24 @@ callback repeat the same line many times a second: :class:`Summarise` passes the
 drops the repeats for :data:`SUMMARY_WINDOW_S`, and adds their count (``repeated``) to the next
 one after that. A failing webhook's ``delivery.failed`` and ``delivery.dead_lettered`` lines are
 summarised the same way, per webhook: the log grows with the webhooks failing, not the records.
+
+Lines are written by a thread of their own (:class:`BackgroundHandler`), never by the code that
+logs: stderr is a pipe, and a reader that falls behind or stops (a log collector that is slow,
+stalled or gone) makes a write wait once the pipe's 64 KiB are full. Written from the event loop,
+that wait stopped every delivery of every webhook; now it delays only the log. When
+:data:`QUEUE_LIMIT` lines wait, further lines are dropped, and the next line that gets through
+says how many (``dropped``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import queue
 import re
 import sys
+import threading
 import time
 from typing import Any, Final
 
@@ -30,6 +40,10 @@ SUMMARISED_EVENTS: Final = frozenset({"kafka.error"})
 PER_WEBHOOK_EVENTS: Final = frozenset({"delivery.failed", "delivery.dead_lettered"})
 """Summarised per webhook: one line per webhook and window, whatever the records and reasons."""
 MAX_KINDS: Final = 20_000  # kinds remembered; past it, the memory starts again
+QUEUE_LIMIT: Final = 10_000
+"""Lines waiting for the writer thread at most; past it, lines are dropped and counted."""
+CLOSE_WAIT_S: Final = 2.0
+"""How long closing waits for the lines still queued to be written (the reader may be gone)."""
 _NUMBERS: Final = re.compile(r"\d+")
 
 
@@ -109,11 +123,76 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class BackgroundHandler(logging.Handler):
+    """Hands each record to a thread that writes it through ``target``: the caller never waits
+    for the output (see the module's text). At most ``limit`` records wait; past that a record
+    is dropped, and the next one queued carries the count in its fields (``dropped``)."""
+
+    def __init__(self, target: logging.Handler, limit: int = QUEUE_LIMIT) -> None:
+        super().__init__()
+        self.target = target
+        self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(limit)
+        self._dropped = 0
+        self._closed = False
+        self._writer = threading.Thread(target=self._write, name="log-writer", daemon=True)
+        self._writer.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._dropped:
+            record.fields = {**getattr(record, "fields", {}), "dropped": self._dropped}
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
+            return
+        self._dropped = 0
+
+    def _write(self) -> None:
+        while True:
+            record = self._queue.get()
+            try:
+                if record is None:
+                    return
+                self.target.handle(record)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait (at most :data:`CLOSE_WAIT_S`) for the queued lines to be written. (The target
+        flushes each line itself; asking it again would wait for its lock, which a writer stuck
+        on a stalled reader holds.)"""
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        """Write what is queued (waiting :data:`CLOSE_WAIT_S` at most: the reader may be gone),
+        then stop the writer."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(queue.Full):  # (the writer is stuck: the join says so)
+                self._queue.put(None, timeout=CLOSE_WAIT_S)
+            self._writer.join(CLOSE_WAIT_S)
+        super().close()
+
+
 def configure(fmt: str = "json", level: str = "info") -> None:
-    """Send the bridge's logs to stderr in ``fmt`` (json or text) at ``level``."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    """Send the bridge's logs to stderr in ``fmt`` (json or text) at ``level``, written by a
+    thread of their own (:class:`BackgroundHandler`)."""
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler = BackgroundHandler(stream)
     handler.addFilter(Summarise())
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, BackgroundHandler):
+            old.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def drain() -> None:
+    """Write the lines logged so far (see :meth:`BackgroundHandler.flush`): before printing to
+    stderr directly, so the printed text comes after them."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()

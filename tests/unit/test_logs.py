@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import logging
+import os
+import threading
+import time
 
 import pytest
 
@@ -81,3 +86,86 @@ def test_a_failing_webhook_writes_one_line_per_window_not_one_per_record(
     log.info("delivery.failed", extra={"fields": {"webhook": "shop", "message_id": "msg_late"}})
     late = lines(stream)[-1]
     assert late["message_id"] == "msg_late" and late["repeated"] == 999
+
+
+# --- Lines are written by a thread of their own ------------------------------------------------
+
+
+def _record(event: str, **fields: object) -> logging.LogRecord:
+    record = logging.LogRecord("bridge.test", logging.WARNING, __file__, 1, event, None, None)
+    record.fields = fields
+    return record
+
+
+def test_a_stalled_reader_of_the_log_never_holds_up_the_code_that_logs() -> None:
+    """The writer's stream is a pipe nobody reads: once full, its writes wait for ever. Logging
+    still returns at once, past the queue's limit the lines are dropped and counted, and the next
+    line queued says how many."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: a pipe of one page fills at once
+    stream = logging.StreamHandler(os.fdopen(write_end, "w"))
+    stream.setFormatter(JsonFormatter())
+    handler = logs.BackgroundHandler(stream, limit=50)
+    try:
+        started = time.monotonic()
+        for n in range(2_000):
+            handler.handle(_record("delivery.failed", webhook=f"w{n}", padding="x" * 200))
+        assert time.monotonic() - started < 1.0
+        assert handler._dropped > 0  # the writer is stuck on the full pipe, the queue full
+        # The reader comes back: what was queued is written, then a line saying what was dropped.
+        drained: list[bytes] = []
+        reader = threading.Thread(target=lambda: drained.append(_read_all(read_end)))
+        reader.start()
+        dropped = handler._dropped
+        deadline = time.monotonic() + 10
+        while handler._dropped and time.monotonic() < deadline:  # until a line gets through
+            handler.handle(_record("delivery.failed", webhook="after"))
+            time.sleep(0.01)
+        handler.close()
+        stream.stream.close()
+        reader.join(10)
+        written = [json.loads(line) for line in drained[0].decode().splitlines()]
+        assert written[0]["webhook"] == "w0"
+        assert any(line.get("dropped", 0) >= dropped for line in written), written[-3:]
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(read_end)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_closing_writes_what_is_queued_and_gives_up_on_a_reader_that_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = io.StringIO()
+    stream = logging.StreamHandler(out)
+    stream.setFormatter(JsonFormatter())
+    handler = logs.BackgroundHandler(stream)
+    for n in range(100):
+        handler.handle(_record("event", n=n))
+    handler.close()
+    assert [json.loads(line)["n"] for line in out.getvalue().splitlines()] == list(range(100))
+
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, 1031, 4096)
+    stuck = logging.StreamHandler(os.fdopen(write_end, "w"))
+    stuck.setFormatter(JsonFormatter())
+    handler = logs.BackgroundHandler(stuck)
+    for _ in range(200):
+        handler.handle(_record("event", padding="x" * 200))
+    started = time.monotonic()
+    handler.flush()
+    handler.close()  # the reader never comes: close returns after its waits, not never
+    assert time.monotonic() - started < 3 * logs.CLOSE_WAIT_S + 1
+    # Clean-up: the reader goes for good; the stuck writer's writes fail, and it ends.
+    monkeypatch.setattr(logging, "raiseExceptions", False)  # (no traceback per failed line)
+    os.close(read_end)
+    handler._writer.join(10)
+    assert not handler._writer.is_alive()
+    with contextlib.suppress(OSError):
+        stuck.stream.close()
