@@ -19,14 +19,27 @@ when a TLS 1.3 server asks for the ffdhe8192 group; 331-339 ms for TLS 1.2 DHE w
 own 8,192-bit prime, 1,147-1,212 ms with a 10,000-bit one (OpenSSL's limit). One receiver that
 closes after each answer (an answer: no budget is spent) would so stop every other webhook's
 deliveries for a second per handshake. So (:func:`make_context`): TLS 1.2 cipher suites with
-ECDHE only (:data:`CIPHERS`: no finite-field DHE, no RSA key transport); one key-exchange group,
-P-256 (:data:`GROUP`), the group RFC 8446 requires every TLS 1.3 implementation to support, and
-the one Python 3.11 lets a client name; no renegotiation (each would be another full handshake,
-at the server's call).
+ECDHE only (:data:`CIPHERS`: no finite-field DHE, no RSA key transport); the elliptic-curve
+groups only (:data:`GROUPS`: X25519, P-256, P-384, P-521, each at most about 1 ms), no
+finite-field group; no renegotiation (each would be another full handshake, at the server's
+call).
+
+Python 3.11 names one group at most (``set_ecdh_curve``), and P-256 alone broke handshakes with
+servers limited to X25519 or P-384, and TLS 1.2 servers with a P-384 or P-521 certificate
+(which the client's groups must cover). The list is therefore given to OpenSSL itself
+(``SSL_CTX_set1_groups_list``, through ctypes, on the libssl that Python's ``_ssl`` loaded),
+after checking that the pointer read from the context is its ``SSL_CTX`` (OpenSSL's options for
+it must be the context's). Where that cannot be done, P-256 alone is offered, with a warning
+(``tls.groups_fallback``): a receiver that refuses it fails with ``tls_error``, and none can make
+the handshake expensive.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import logging
 import os
 import ssl
 import sys
@@ -44,8 +57,59 @@ CIPHERS: Final = (
 )
 """TLS 1.2 cipher suites: Python's defaults without the finite-field DHE ones (TLS 1.3's are
 unchanged). See the module's text."""
-GROUP: Final = "prime256v1"
-"""The one key-exchange group offered (P-256), in TLS 1.3 and for TLS 1.2's ECDHE."""
+GROUPS: Final = b"X25519:P-256:P-384:P-521"
+"""The key-exchange groups offered, in TLS 1.3 and for TLS 1.2's ECDHE (see the module's text)."""
+FALLBACK_GROUP: Final = "prime256v1"
+"""The one group offered where :data:`GROUPS` cannot be set."""
+_SSL_CTRL_SET_GROUPS_LIST: Final = 92  # OpenSSL's SSL_CTX_set1_groups_list is this SSL_CTX_ctrl
+
+log = logging.getLogger("bridge.http.tls")
+
+
+@functools.cache
+def _libssl() -> ctypes.CDLL | None:
+    """The libssl that Python's ``_ssl`` module loaded (from the process's mappings); None when
+    there is none to be found (a static build)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            paths = {
+                path
+                for path in (line.split()[-1] for line in maps if "/" in line)
+                if os.path.basename(path).startswith("libssl.so")
+            }
+    except OSError:
+        paths = set()
+    found = sorted(paths) or [name for name in [ctypes.util.find_library("ssl")] if name]
+    if len(found) != 1:
+        return None
+    try:
+        library = ctypes.CDLL(found[0])
+        library.SSL_CTX_ctrl.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_long,
+            ctypes.c_char_p,
+        ]
+        library.SSL_CTX_ctrl.restype = ctypes.c_long
+        library.SSL_CTX_get_options.argtypes = [ctypes.c_void_p]
+        library.SSL_CTX_get_options.restype = ctypes.c_uint64
+    except (OSError, AttributeError):
+        return None
+    return library
+
+
+def _offer_groups(context: ssl.SSLContext) -> bool:
+    """Give ``context`` the groups of :data:`GROUPS`; False when that cannot be done safely."""
+    library = _libssl()
+    if library is None:
+        return False
+    # CPython's SSLContext object holds its SSL_CTX pointer right after the object's header;
+    # it is used only if OpenSSL's options for it are the context's (a mismatched layout would
+    # not give the same 64 bits).
+    pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+    if not pointer or library.SSL_CTX_get_options(pointer) != context.options:
+        return False
+    return bool(library.SSL_CTX_ctrl(pointer, _SSL_CTRL_SET_GROUPS_LIST, 0, GROUPS) == 1)
 
 
 class ResumingContext(ssl.SSLContext):
@@ -122,7 +186,9 @@ def make_context(settings: TlsSettings) -> ssl.SSLContext:
         context.keylog_filename = keylog
     context.minimum_version = VERSIONS[settings.min_version]
     context.set_ciphers(CIPHERS)  # key exchanges of bounded cost only (see the module's text)
-    context.set_ecdh_curve(GROUP)
+    if not _offer_groups(context):
+        context.set_ecdh_curve(FALLBACK_GROUP)
+        log.warning("tls.groups_fallback", extra={"fields": {"offered": FALLBACK_GROUP}})
     context.options |= ssl.OP_NO_RENEGOTIATION
     try:
         if settings.ca_file is not None:

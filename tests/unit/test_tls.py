@@ -333,22 +333,41 @@ def test_a_tls12_server_choosing_finite_field_dhe_is_refused(
     assert ecdhe.status == 204
 
 
-@pytest.mark.parametrize(("groups", "completes"), [("ffdhe2048", False), ("P-256", True)])
-def test_a_tls13_server_asking_for_a_finite_field_group_is_refused(
-    ca: trustme.CA, tmp_path: Path, groups: str, completes: bool
+SERVERS = [  # (openssl s_server options, certificate key, whether the handshake completes)
+    (("-tls1_3", "-groups", "ffdhe2048"), "ec:P-256", False),
+    (("-tls1_3", "-groups", "ffdhe8192"), "ec:P-256", False),
+    (("-tls1_3", "-groups", "P-256"), "ec:P-256", True),
+    (("-tls1_3", "-groups", "X25519"), "ec:P-256", True),
+    (("-tls1_3", "-groups", "X25519:P-384"), "ec:P-256", True),
+    (("-tls1_3", "-groups", "P-521"), "ec:P-256", True),
+    (("-tls1_2", "-curves", "secp384r1"), "ec:P-256", True),
+    (("-tls1_2", "-curves", "X25519"), "rsa:2048", True),
+    (("-tls1_2",), "ec:P-384", True),  # the client's groups must cover the certificate's curve
+    (("-tls1_2",), "ec:P-521", True),
+    ((), "rsa:2048", True),
+]
+
+
+@pytest.mark.parametrize(("options", "key", "completes"), SERVERS)
+def test_only_elliptic_curve_groups_are_offered_and_common_servers_complete(
+    tmp_path: Path, options: tuple[str, ...], key: str, completes: bool
 ) -> None:
-    """``openssl s_server`` limited to ``groups`` (Python cannot limit a server's groups): only
-    P-256 is offered, so a server that wants ffdhe8192 (175 ms of client CPU per handshake) or
-    any finite-field group gets no handshake."""
-    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
-    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    """``openssl s_server`` limited as given (Python cannot limit a server's groups), with a
+    self-signed certificate of ``key``: a server that wants a finite-field group (ffdhe8192:
+    175 ms of client CPU per handshake) gets no handshake; servers limited to any of the
+    elliptic-curve groups, or with a P-384 or P-521 certificate, do."""
+    kind, _, size = key.partition(":")
+    algorithm = ("-newkey", f"rsa:{size}") if kind == "rsa" else ("-newkey", "ec")
+    curve = ("-pkeyopt", f"ec_paramgen_curve:{size}") if kind == "ec" else ()
+    openssl("req", "-x509", *algorithm, *curve, "-keyout", "k.pem", "-out", "c.pem", "-days",
+            "1", "-nodes", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            cwd=tmp_path)  # fmt: skip
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    assert shutil.which("openssl"), "the openssl command is missing: run make setup"
     server = subprocess.Popen(
-        ["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", "s.pem", "-key", "s.pem",
-         "-tls1_3", "-groups", groups, "-quiet", "-naccept", "1"],
+        ["openssl", "s_server", "-accept", f"127.0.0.1:{port}", "-cert", "c.pem", "-key", "k.pem",
+         *options, "-quiet", "-naccept", "1"],
         cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -361,17 +380,27 @@ def test_a_tls13_server_asking_for_a_finite_field_group_is_refused(
             except ConnectionRefusedError:
                 assert time.monotonic() < deadline, "openssl s_server did not listen"
                 time.sleep(0.05)
-        context = make_context(TlsSettings(ca_file=str(tmp_path / "ca.pem")))
+        context = make_context(TlsSettings(ca_file=str(tmp_path / "c.pem")))
         with raw:
             if completes:
                 with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls_socket:
-                    assert tls_socket.version() == "TLSv1.3"
+                    assert tls_socket.version() in {"TLSv1.2", "TLSv1.3"}
             else:
                 with pytest.raises(ssl.SSLError, match="HANDSHAKE_FAILURE"):
                     context.wrap_socket(raw, server_hostname="127.0.0.1")
     finally:
         server.kill()
         server.wait(10)
+
+
+def test_where_the_groups_cannot_be_given_p256_alone_is_offered_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tls, "_libssl", lambda: None)
+    with caplog.at_level("WARNING", logger="bridge.http.tls"):
+        context = make_context(TlsSettings())
+    assert [r.getMessage() for r in caplog.records] == ["tls.groups_fallback"]
+    assert context.options & ssl.OP_NO_RENEGOTIATION
 
 
 def test_every_context_offers_no_dhe_suite_and_refuses_renegotiation() -> None:
