@@ -45,6 +45,10 @@ LOOKUP_DEADLINE_S = 10.0
 """The longest one lookup may take, whatever the name servers and the search domains."""
 FAILURE_TTL_S = 2.0
 """How long a name that did not resolve is remembered as such (asked again after)."""
+MAX_ADDRESSES = 16
+"""Addresses of one name kept (in the answer's order): connecting tries them one by one anyway."""
+MAX_REFUSALS_SHOWN = 3
+"""Refused addresses named in an error (it is written into headers of shared topics)."""
 
 
 async def system_lookup(host: str, port: int) -> list[str]:
@@ -75,7 +79,13 @@ class AresLookup:
         loop = asyncio.get_running_loop()
         if self._channel is None and not self._fallback:
             try:
-                self._channel = pycares.Channel(timeout=self._timeout, tries=self._tries)
+                # Truncated UDP answers are taken as they are, never asked again over TCP: a
+                # name answering 65 KB (6,433 addresses) over TCP cost 210 ms of CPU, most of it
+                # on the event loop, and c-ares kept it for its TTL (a hostile review).
+                flags = pycares.ARES_FLAG_IGNTC | pycares.ARES_FLAG_EDNS
+                self._channel = pycares.Channel(
+                    timeout=self._timeout, tries=self._tries, flags=flags
+                )
             except pycares.AresError as exc:
                 self._fallback = True
                 log.warning("dns.system_resolver", extra={"fields": {"error": str(exc)}})
@@ -108,7 +118,7 @@ def _settle(answer: asyncio.Future[list[str]], result: Any, error: int | None) -
     if error:
         answer.set_exception(socket.gaierror(error, pycares.errno.strerror(error)))
         return
-    addresses = (node.addr[0] for node in result.nodes)
+    addresses = (node.addr[0] for node in result.nodes[:MAX_ADDRESSES])
     text = (a.decode("ascii") if isinstance(a, bytes) else str(a) for a in addresses)
     answer.set_result(list(dict.fromkeys(text)))
 
@@ -130,32 +140,31 @@ class SafeResolver:
         self._policy = policy
         self._lookup: Lookup = lookup if lookup is not None else AresLookup()
         self._ttl = ttl
-        self._cache: dict[tuple[str, int], tuple[float, Answer]] = {}
-        self._pending: dict[tuple[str, int], asyncio.Future[Answer]] = {}
+        self._cache: dict[str, tuple[float, Answer]] = {}
+        self._pending: dict[str, asyncio.Future[Answer]] = {}
 
     async def resolve(self, host: str, port: int) -> list[str]:
         """The addresses of ``host`` the policy allows; DestinationRefusedError, or the lookup's
         OSError."""
-        key = (host, port)
-        cached = self._cache.get(key)
+        cached = self._cache.get(host)  # (by host: its addresses do not depend on the port)
         if cached is not None and cached[0] > time.monotonic():
             answer = cached[1]
         else:
-            pending = self._pending.get(key)
+            pending = self._pending.get(host)
             if pending is None:
-                pending = self._pending[key] = asyncio.ensure_future(self._refresh(key))
+                pending = self._pending[host] = asyncio.ensure_future(self._refresh(host, port))
             answer = await asyncio.shield(pending)
         if isinstance(answer, Exception):
             raise answer.with_traceback(None)
         return answer
 
-    async def _refresh(self, key: tuple[str, int]) -> Answer:
-        """Look ``key`` up once, cache the answer (a failure more briefly) and return it."""
+    async def _refresh(self, host: str, port: int) -> Answer:
+        """Look ``host`` up once, cache the answer (a failure more briefly) and return it."""
         ttl = self._ttl
         answer: Answer
         try:
             async with asyncio.timeout(LOOKUP_DEADLINE_S):
-                answer = await self._allowed(*key)
+                answer = await self._allowed(host, port)
         except TimeoutError:
             answer, ttl = socket.gaierror(f"no answer in {LOOKUP_DEADLINE_S:g}s"), FAILURE_TTL_S
         except OSError as exc:
@@ -163,10 +172,10 @@ class SafeResolver:
         except Exception as exc:  # nothing unforeseen reaches the callers as anything else
             answer, ttl = socket.gaierror(f"lookup failed ({type(exc).__name__})"), FAILURE_TTL_S
         finally:
-            del self._pending[key]
+            del self._pending[host]
         if len(self._cache) > 10_000:
             self._cache.clear()
-        self._cache[key] = (time.monotonic() + ttl, answer)
+        self._cache[host] = (time.monotonic() + ttl, answer)
         return answer
 
     def close(self) -> None:
@@ -180,7 +189,7 @@ class SafeResolver:
             ipaddress.ip_address(host)
             addresses = [host]
         except ValueError:
-            addresses = await self._lookup(host, port)
+            addresses = (await self._lookup(host, port))[:MAX_ADDRESSES]
         allowed: list[str] = []
         refusals: dict[str, None] = {}
         for address in addresses:
@@ -193,5 +202,8 @@ class SafeResolver:
             return allowed
         if addresses == [host]:
             return DestinationRefusedError("destination_refused", "; ".join(refusals))
-        detail = f"{host} resolves only to refused addresses: {'; '.join(refusals)}"
+        shown = list(refusals)[:MAX_REFUSALS_SHOWN]
+        more = len(refusals) - len(shown)
+        listed = "; ".join(shown) + (f"; and {more} more" if more else "")
+        detail = f"{host} resolves only to refused addresses: {listed}"
         return DestinationRefusedError("destination_refused", detail)

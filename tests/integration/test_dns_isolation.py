@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 SILENT_NAMES = 20  # distinct names, each looked up once
 CALLERS = 50  # concurrent callers of one more silent name
 
-PROBE = """
+PROBE = r"""
 import asyncio, json, socket, sys, threading, time
 import uvloop
 from bridge.core.destinations import DestinationPolicy
@@ -28,9 +28,37 @@ from bridge.http.resolver import QUERY_TRIES, SafeResolver, system_lookup
 
 server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 server.bind((sys.argv[1], 53))
-queries = []
-threading.Thread(target=lambda: [queries.append(server.recv(4096)) for _ in iter(int, 1)],
-                 daemon=True).start()
+tcp = socket.create_server((sys.argv[1], 53))
+queries, tcp_accepts = [], []
+
+def big_answer(query):
+    # big.test: a truncated answer (TC set) of 20 A records (none for AAAA)
+    end = 12
+    while query[end]:
+        end += 1 + query[end]
+    end += 5  # the root label, then type and class
+    a_query = query[end - 4:end - 2] == b"\x00\x01"
+    records = [bytes([192, 0, 2, n]) for n in range(1, 21)] if a_query else []
+    header = query[:2] + bytes.fromhex("8380") + (1).to_bytes(2, "big")
+    header += len(records).to_bytes(2, "big") + bytes(4)
+    answers = b"".join(b"\xc0\x0c" + bytes.fromhex("0001000100000e100004") + r for r in records)
+    return header + query[12:end] + answers
+
+def serve_udp():
+    while True:
+        query, peer = server.recvfrom(4096)
+        queries.append(query)
+        if b"\x03big\x04test" in query:
+            server.sendto(big_answer(query), peer)  # everything else: never answered
+
+def serve_tcp():
+    while True:
+        connection, _ = tcp.accept()
+        tcp_accepts.append(1)
+        connection.close()
+
+threading.Thread(target=serve_udp, daemon=True).start()
+threading.Thread(target=serve_tcp, daemon=True).start()
 
 async def main():
     lookup = system_lookup if sys.argv[2] == "system" else None
@@ -56,6 +84,8 @@ async def main():
                                      return_exceptions=True)
         report["again_s"] = time.monotonic() - started
         report["again"] = type(again[0]).__name__
+        report["big"] = await resolver.resolve("big.test", 443)
+        report["tcp_accepts"] = len(tcp_accepts)
     print(json.dumps(report), flush=True)
     resolver.close()
     import os; os._exit(0)  # the system resolver's threads are still blocked
@@ -93,6 +123,10 @@ def test_a_silent_name_server_holds_up_no_other_lookup(tmp_path: Path) -> None:
     assert 1 <= report["shared_queries"] <= 2 * report["tries"], report
     assert report["shared_errors"] == ["gaierror: [Errno 12] Timeout while contacting DNS servers"]
     assert report["again"] == "gaierror" and report["again_s"] < 0.05, report  # remembered
+    # A truncated answer is taken as it is, never asked again over TCP (where a name can answer
+    # with thousands of addresses), and at most sixteen addresses are kept.
+    assert report["big"] == [f"192.0.2.{n}" for n in range(1, 17)], report
+    assert report["tcp_accepts"] == 0, report
 
 
 def test_control_the_system_resolver_is_held_up_by_silent_names(tmp_path: Path) -> None:

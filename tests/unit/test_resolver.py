@@ -12,6 +12,7 @@ import pytest
 
 import bridge.http.resolver as resolver_module
 from bridge.core.destinations import DestinationPolicy
+from bridge.core.errors import DestinationRefusedError
 from bridge.http.resolver import SafeResolver
 
 ANY = DestinationPolicy(allow_private=True)
@@ -166,3 +167,34 @@ def test_lookups_go_to_the_system_resolver_when_c_ares_cannot_start(
     with caplog.at_level("WARNING", logger="bridge.http.resolver"):
         asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records] == ["dns.system_resolver"]
+
+
+def test_a_name_with_many_addresses_keeps_sixteen_and_names_three_refusals() -> None:
+    """A name can answer with thousands of addresses: connecting tries them one at a time, so
+    sixteen are kept; an error names three refusals (it goes into shared topics' headers)."""
+    public = [f"93.184.{n // 250}.{1 + n % 250}" for n in range(1000)]
+    private = [f"10.0.{n // 250}.{1 + n % 250}" for n in range(1000)]
+
+    async def scenario() -> None:
+        resolver = SafeResolver(DestinationPolicy(), Lookups({"many.example": public}))
+        assert await resolver.resolve("many.example", 443) == public[:16]
+        refusing = SafeResolver(DestinationPolicy(), Lookups({"private.example": private}))
+        with pytest.raises(DestinationRefusedError) as caught:
+            await refusing.resolve("private.example", 443)
+        assert caught.value.detail == (
+            "private.example resolves only to refused addresses: 10.0.0.1 is a private address; "
+            "10.0.0.2 is a private address; 10.0.0.3 is a private address; and 13 more"
+        )
+
+    asyncio.run(scenario())
+
+
+def test_one_lookup_serves_every_port_of_a_name() -> None:
+    async def scenario() -> None:
+        lookups = Lookups({"shop.example": ["192.0.2.1"]})
+        resolver = SafeResolver(ANY, lookups)
+        for port in (443, 8443, 9443, 443):
+            assert await resolver.resolve("shop.example", port) == ["192.0.2.1"]
+        assert lookups.calls == ["shop.example"]
+
+    asyncio.run(scenario())
