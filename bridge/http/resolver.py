@@ -63,8 +63,8 @@ class AresLookup:
     up no other (see the module's text). The channel, and c-ares's own event thread, are made
     on first use; its answers are handed to the event loop that asked.
 
-    When c-ares cannot start (it watches ``/etc/resolv.conf`` with inotify, and a host can run
-    out of inotify instances), lookups go to the system resolver instead, with a warning
+    When c-ares cannot start (``pycares.Channel`` raises: no usable resolver configuration, say),
+    lookups go to the system resolver instead, with a warning
     (``dns.system_resolver``), rather than every delivery failing."""
 
     def __init__(self, timeout: float = QUERY_TIMEOUT_S, tries: int = QUERY_TRIES) -> None:

@@ -155,7 +155,7 @@ def test_lookups_go_to_the_system_resolver_when_c_ares_cannot_start(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def refused(**options: object) -> None:
-        raise resolver_module.pycares.AresError(1, "Failed to initialize (inotify)")
+        raise resolver_module.pycares.AresError(1, "Failed to initialize")
 
     monkeypatch.setattr(resolver_module.pycares, "Channel", refused)
 
