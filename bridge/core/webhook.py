@@ -215,7 +215,8 @@ class Webhook:
             "This webhook's receiver TLS, key by key over the `delivery` defaults. Connections "
             "are pooled per TLS setting, so a client certificate is only ever used for the "
             "webhooks that name it. A wrong CA, a refused or missing client certificate, or a "
-            "refused version is a not-received attempt (`tls_error`) that goes up the ladder.",
+            "refused version is a not-received attempt (`tls_error`) that goes up the ladder. "
+            "Key exchange is elliptic-curve only ([Security](#security)).",
             type_text="as in `delivery`",
             default_text="the `delivery` values",
         ),
