@@ -150,14 +150,12 @@ def _registry_admits(config: Config) -> bool:
     """At start: False (said, with a hint) when the schema registry refuses the credentials,
     which no retry mends. A registry that cannot answer now is only logged: the records that
     need it hold their partitions until it does."""
-    from bridge.ops import logs
-
     refused, unavailable = _probe_registry(config)
     if refused is not None:
         logging.getLogger("bridge.app").error(
             "registry.refused", extra={"fields": {"error": refused}}
         )
-        logs.drain()  # (its line first: the log is written by a thread)
+        _drain_log()  # (its line first: the log is written by a thread)
         print(f"error: {refused}\nhint: {REGISTRY_HINT}", file=sys.stderr, flush=True)
         return False
     if unavailable is not None:
@@ -571,9 +569,11 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         return func(args)
     except ConfigError as exc:
+        _drain_log()
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CliError as exc:
+        _drain_log()
         print(f"error: {exc}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
@@ -586,6 +586,13 @@ def run_command(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+
+
+def _drain_log() -> None:
+    """Write the log's queued lines (``bridge run`` logs through a thread), so an error printed
+    next comes after them."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import queue
 import re
-import sys
 import threading
 import time
 from typing import Any, Final
@@ -108,6 +108,8 @@ class JsonFormatter(logging.Formatter):
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted before it was queued (BackgroundHandler)
+            entry["exception"] = record.exc_text
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
@@ -120,17 +122,29 @@ class TextFormatter(logging.Formatter):
         line += f"{record.levelname.lower():7s} {record.getMessage()} {fields}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted before it was queued (BackgroundHandler)
+            line += "\n" + record.exc_text
         return line
 
 
 class BackgroundHandler(logging.Handler):
-    """Hands each record to a thread that writes it through ``target``: the caller never waits
-    for the output (see the module's text). At most ``limit`` records wait; past that a record
-    is dropped, and the next one queued carries the count in its fields (``dropped``)."""
+    """Hands each record to a thread that formats it and writes it to file descriptor ``fd``:
+    the caller never waits for the output (see the module's text).
 
-    def __init__(self, target: logging.Handler, limit: int = QUEUE_LIMIT) -> None:
+    The writer uses ``os.write`` on the descriptor, holding no lock of Python's: a writer stuck on
+    a stalled reader must not hold anything that exiting needs (``logging.shutdown`` takes every
+    handler's lock, and ``sys.stderr``'s buffer has a lock of its own). At most ``limit`` records
+    wait; past that a record is dropped, and the next one queued carries the count in its fields
+    (``dropped``), as does a last ``log.dropped`` line at close. A record is made self-contained
+    before it is queued (its message rendered, its traceback formatted): it keeps no frame, and
+    no frame's locals, alive while it waits."""
+
+    def __init__(
+        self, formatter: logging.Formatter, fd: int = 2, limit: int = QUEUE_LIMIT
+    ) -> None:
         super().__init__()
-        self.target = target
+        self.setFormatter(formatter)
+        self._fd = fd
         self._queue: queue.Queue[logging.LogRecord | None] = queue.Queue(limit)
         self._dropped = 0
         self._closed = False
@@ -138,6 +152,10 @@ class BackgroundHandler(logging.Handler):
         self._writer.start()
 
     def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
         if self._dropped:
             record.fields = {**getattr(record, "fields", {}), "dropped": self._dropped}
         try:
@@ -153,23 +171,47 @@ class BackgroundHandler(logging.Handler):
             try:
                 if record is None:
                     return
-                self.target.handle(record)
+                self._write_line(record)
             finally:
                 self._queue.task_done()
 
+    def _write_line(self, record: logging.LogRecord) -> None:
+        """Format ``record`` and write it whole; a line that cannot be formatted is replaced by
+        one saying so, and a write that fails (the reader is gone) is given up: nothing ends
+        the writer but closing."""
+        try:
+            line = self.format(record)
+        except Exception as exc:  # (RecursionError included) the record's fields, say
+            line = json.dumps(
+                {"level": "error", "logger": record.name, "event": "log.unformattable",
+                 "error": type(exc).__name__}
+            )  # fmt: skip
+        data = memoryview((line + "\n").encode("utf-8", "replace"))
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:
+            pass
+
     def flush(self) -> None:
-        """Wait (at most :data:`CLOSE_WAIT_S`) for the queued lines to be written. (The target
-        flushes each line itself; asking it again would wait for its lock, which a writer stuck
-        on a stalled reader holds.)"""
+        """Wait (at most :data:`CLOSE_WAIT_S`) for the queued lines to be written."""
         deadline = time.monotonic() + CLOSE_WAIT_S
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def close(self) -> None:
-        """Write what is queued (waiting :data:`CLOSE_WAIT_S` at most: the reader may be gone),
+        """Write what is queued, and a last ``log.dropped`` line if lines were dropped since
+        the last one written (waiting :data:`CLOSE_WAIT_S` for each: the reader may be gone),
         then stop the writer."""
         if not self._closed:
             self._closed = True
+            if self._dropped:
+                last = logging.LogRecord(
+                    "bridge.ops.logs", logging.WARNING, __file__, 0, "log.dropped", None, None
+                )
+                last.fields = {"dropped": self._dropped}
+                with contextlib.suppress(queue.Full):
+                    self._queue.put(last, timeout=CLOSE_WAIT_S)
             with contextlib.suppress(queue.Full):  # (the writer is stuck: the join says so)
                 self._queue.put(None, timeout=CLOSE_WAIT_S)
             self._writer.join(CLOSE_WAIT_S)
@@ -179,20 +221,11 @@ class BackgroundHandler(logging.Handler):
 def configure(fmt: str = "json", level: str = "info") -> None:
     """Send the bridge's logs to stderr in ``fmt`` (json or text) at ``level``, written by a
     thread of their own (:class:`BackgroundHandler`)."""
-    stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler = BackgroundHandler(stream)
+    handler = BackgroundHandler(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(Summarise())
     root = logging.getLogger()
-    for old in root.handlers:
-        if isinstance(old, BackgroundHandler):
-            old.close()
-    root.handlers[:] = [handler]
+    old, root.handlers[:] = list(root.handlers), [handler]  # swapped first: no line is lost
+    for previous in old:
+        if isinstance(previous, BackgroundHandler):
+            previous.close()
     root.setLevel(level.upper())
-
-
-def drain() -> None:
-    """Write the lines logged so far (see :meth:`BackgroundHandler.flush`): before printing to
-    stderr directly, so the printed text comes after them."""
-    for handler in logging.getLogger().handlers:
-        handler.flush()

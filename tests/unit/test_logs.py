@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -97,39 +99,10 @@ def _record(event: str, **fields: object) -> logging.LogRecord:
     return record
 
 
-def test_a_stalled_reader_of_the_log_never_holds_up_the_code_that_logs() -> None:
-    """The writer's stream is a pipe nobody reads: once full, its writes wait for ever. Logging
-    still returns at once, past the queue's limit the lines are dropped and counted, and the next
-    line queued says how many."""
+def _one_page_pipe() -> tuple[int, int]:
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, 1031, 4096)  # F_SETPIPE_SZ: a pipe of one page fills at once
-    stream = logging.StreamHandler(os.fdopen(write_end, "w"))
-    stream.setFormatter(JsonFormatter())
-    handler = logs.BackgroundHandler(stream, limit=50)
-    try:
-        started = time.monotonic()
-        for n in range(2_000):
-            handler.handle(_record("delivery.failed", webhook=f"w{n}", padding="x" * 200))
-        assert time.monotonic() - started < 1.0
-        assert handler._dropped > 0  # the writer is stuck on the full pipe, the queue full
-        # The reader comes back: what was queued is written, then a line saying what was dropped.
-        drained: list[bytes] = []
-        reader = threading.Thread(target=lambda: drained.append(_read_all(read_end)))
-        reader.start()
-        dropped = handler._dropped
-        deadline = time.monotonic() + 10
-        while handler._dropped and time.monotonic() < deadline:  # until a line gets through
-            handler.handle(_record("delivery.failed", webhook="after"))
-            time.sleep(0.01)
-        handler.close()
-        stream.stream.close()
-        reader.join(10)
-        written = [json.loads(line) for line in drained[0].decode().splitlines()]
-        assert written[0]["webhook"] == "w0"
-        assert any(line.get("dropped", 0) >= dropped for line in written), written[-3:]
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(read_end)
+    return read_end, write_end
 
 
 def _read_all(fd: int) -> bytes:
@@ -139,33 +112,108 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def test_closing_writes_what_is_queued_and_gives_up_on_a_reader_that_is_gone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    out = io.StringIO()
-    stream = logging.StreamHandler(out)
-    stream.setFormatter(JsonFormatter())
-    handler = logs.BackgroundHandler(stream)
+def test_a_stalled_reader_of_the_log_never_holds_up_the_code_that_logs() -> None:
+    """The writer's descriptor is a pipe nobody reads: once full, its writes wait for ever.
+    Logging still returns at once; past the queue's limit lines are dropped and counted, and
+    when the reader comes back the next line says how many."""
+    read_end, write_end = _one_page_pipe()
+    handler = logs.BackgroundHandler(JsonFormatter(), fd=write_end, limit=50)
+    started = time.monotonic()
+    for n in range(2_000):
+        handler.handle(_record("delivery.failed", webhook=f"w{n}", padding="x" * 200))
+    assert time.monotonic() - started < 1.0
+    dropped = handler._dropped
+    assert dropped > 0  # the writer is stuck on the full pipe, the queue full
+    drained: list[bytes] = []
+    reader = threading.Thread(target=lambda: drained.append(_read_all(read_end)))
+    reader.start()  # the reader comes back
+    deadline = time.monotonic() + 10
+    while handler._dropped and time.monotonic() < deadline:  # until a line gets through
+        handler.handle(_record("delivery.failed", webhook="after"))
+        time.sleep(0.01)
+    handler.close()
+    os.close(write_end)
+    reader.join(10)
+    os.close(read_end)
+    written = [json.loads(line) for line in drained[0].decode().splitlines()]
+    assert written[0]["webhook"] == "w0"
+    assert any(line.get("dropped", 0) >= dropped for line in written), written[-3:]
+
+
+EXIT_WITH_A_STALLED_READER = """
+import logging, sys, time
+from bridge.ops import logs
+logs.configure("json", "info")
+for n in range(500):
+    logging.getLogger("bridge.test").warning("event", extra={"fields": {"n": n, "pad": "x" * 200}})
+started = time.monotonic()
+logging.shutdown()
+open(sys.argv[1], "w").write(str(time.monotonic() - started))
+"""
+
+
+def test_the_process_exits_when_nobody_reads_its_log(tmp_path: Path) -> None:
+    """A writer stuck on stderr holds nothing that exiting needs: ``logging.shutdown`` returns
+    after its bounded waits (it once waited for ever on the stuck writer's stream lock)."""
+    read_end, write_end = _one_page_pipe()
+    took = tmp_path / "took"
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", EXIT_WITH_A_STALLED_READER, str(took)],
+            stderr=write_end,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        os.close(write_end)
+        assert child.wait(timeout=30) == 0
+        assert float(took.read_text()) < 3 * logs.CLOSE_WAIT_S + 1
+    finally:
+        os.close(read_end)
+
+
+def test_closing_writes_what_is_queued_then_what_was_dropped() -> None:
+    read_end, write_end = os.pipe()
+    handler = logs.BackgroundHandler(JsonFormatter(), fd=write_end, limit=100_000)
     for n in range(100):
         handler.handle(_record("event", n=n))
+    handler._dropped = 7  # as if seven lines had found the queue full since the last one
     handler.close()
-    assert [json.loads(line)["n"] for line in out.getvalue().splitlines()] == list(range(100))
-
-    read_end, write_end = os.pipe()
-    fcntl.fcntl(write_end, 1031, 4096)
-    stuck = logging.StreamHandler(os.fdopen(write_end, "w"))
-    stuck.setFormatter(JsonFormatter())
-    handler = logs.BackgroundHandler(stuck)
-    for _ in range(200):
-        handler.handle(_record("event", padding="x" * 200))
-    started = time.monotonic()
-    handler.flush()
-    handler.close()  # the reader never comes: close returns after its waits, not never
-    assert time.monotonic() - started < 3 * logs.CLOSE_WAIT_S + 1
-    # Clean-up: the reader goes for good; the stuck writer's writes fail, and it ends.
-    monkeypatch.setattr(logging, "raiseExceptions", False)  # (no traceback per failed line)
+    os.close(write_end)
+    written = [json.loads(line) for line in _read_all(read_end).decode().splitlines()]
     os.close(read_end)
-    handler._writer.join(10)
-    assert not handler._writer.is_alive()
-    with contextlib.suppress(OSError):
-        stuck.stream.close()
+    assert [line["n"] for line in written[:100]] == list(range(100))
+    assert (written[-1]["event"], written[-1]["dropped"]) == ("log.dropped", 7)
+
+
+def test_a_record_that_cannot_be_formatted_does_not_end_the_writer() -> None:
+    read_end, write_end = os.pipe()
+    handler = logs.BackgroundHandler(JsonFormatter(), fd=write_end)
+    nested: list[object] = []
+    for _ in range(100_000):
+        nested = [nested]
+    handler.handle(_record("deep", value=nested))  # json.dumps: RecursionError
+    handler.handle(_record("after"))
+    handler.close()
+    os.close(write_end)
+    written = [json.loads(line) for line in _read_all(read_end).decode().splitlines()]
+    os.close(read_end)
+    assert [line["event"] for line in written] == ["log.unformattable", "after"]
+    assert written[0]["error"] == "RecursionError"
+
+
+def test_a_queued_record_keeps_no_frame_alive() -> None:
+    """Its traceback is formatted before it is queued: a stalled reader does not keep the
+    frames (and their locals, a delivery's body say) of 10,000 queued exceptions alive."""
+    read_end, write_end = os.pipe()
+    handler = logs.BackgroundHandler(JsonFormatter(), fd=write_end)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = _record("crashed")
+        record.exc_info = sys.exc_info()
+    handler.handle(record)
+    assert record.exc_info is None and "ValueError: boom" in (record.exc_text or "")
+    handler.close()
+    os.close(write_end)
+    (line,) = [json.loads(line) for line in _read_all(read_end).decode().splitlines()]
+    os.close(read_end)
+    assert "ValueError: boom" in line["exception"]
