@@ -27,7 +27,7 @@ call).
 Python 3.11 names one group at most (``set_ecdh_curve``), and P-256 alone broke handshakes with
 servers limited to X25519 or P-384, and TLS 1.2 servers with a P-384 or P-521 certificate
 (which the client's groups must cover). The list is therefore given to OpenSSL itself
-(``SSL_CTX_set1_groups_list``, through ctypes, on the libssl that Python's ``_ssl`` loaded),
+(``SSL_CTX_set1_groups_list``, through ctypes, looked up through Python's ``_ssl`` module),
 after checking that the pointer read from the context is its ``SSL_CTX`` (OpenSSL's options for
 it must be the context's). Where that cannot be done, P-256 alone is offered, with a warning
 (``tls.groups_fallback``): a receiver that refuses it fails with ``tls_error``, and none can make
@@ -36,8 +36,8 @@ the handshake expensive.
 
 from __future__ import annotations
 
+import _ssl
 import ctypes
-import ctypes.util
 import functools
 import logging
 import os
@@ -68,32 +68,18 @@ log = logging.getLogger("bridge.http.tls")
 
 @functools.cache
 def _libssl() -> ctypes.CDLL | None:
-    """The libssl that Python's ``_ssl`` module loaded (from the process's mappings); None when
-    there is none to be found (a static build)."""
+    """OpenSSL's functions as Python's ``_ssl`` module links them: looked up through that
+    module's own handle, so they are those of the libssl it uses (or its own, if it carries
+    OpenSSL inside), never a second copy. None when they cannot be found."""
     try:
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-            paths = {
-                path
-                for path in (line.split()[-1] for line in maps if "/" in line)
-                if os.path.basename(path).startswith("libssl.so")
-            }
-    except OSError:
-        paths = set()
-    found = sorted(paths) or [name for name in [ctypes.util.find_library("ssl")] if name]
-    if len(found) != 1:
-        return None
-    try:
-        library = ctypes.CDLL(found[0])
+        library = ctypes.CDLL(_ssl.__file__)
         library.SSL_CTX_ctrl.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_long,
-            ctypes.c_char_p,
-        ]
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_char_p
+        ]  # fmt: skip
         library.SSL_CTX_ctrl.restype = ctypes.c_long
         library.SSL_CTX_get_options.argtypes = [ctypes.c_void_p]
         library.SSL_CTX_get_options.restype = ctypes.c_uint64
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # (TypeError: a built-in _ssl has no file)
         return None
     return library
 
