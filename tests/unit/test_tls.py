@@ -409,3 +409,29 @@ def test_every_context_offers_no_dhe_suite_and_refuses_renegotiation() -> None:
     assert names and not [name for name in names if name.startswith("DHE")]
     assert {"TLS_AES_128_GCM_SHA256", "ECDHE-RSA-AES128-GCM-SHA256"} <= set(names)
     assert context.options & ssl.OP_NO_RENEGOTIATION
+
+
+def test_a_certificate_message_past_the_bound_is_refused_before_it_is_parsed(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    """A receiver padding its certificate chain makes the client parse every certificate on the
+    event loop: past :data:`tls.MAX_CERT_LIST` bytes the handshake fails at once (tls_error);
+    the same receiver with an ordinary chain answers."""
+    issued = ca.issue_cert("127.0.0.1")
+    chain = tmp_path / "chain.pem"
+    padding = [trustme.CA().cert_pem.bytes() for _ in range(80)]  # about 40 KB more
+    chain.write_bytes(issued.private_key_pem.bytes() + issued.cert_chain_pems[0].bytes())
+    padded = tmp_path / "padded.pem"
+    padded.write_bytes(chain.read_bytes() + b"".join(padding))
+    assert sum(len(p) for p in padding) * 3 // 4 > tls.MAX_CERT_LIST  # (DER is 3/4 of PEM)
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    outcomes = []
+    for served in (padded, chain):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(served))
+        (outcome,), _ = deliver(context, [TlsSettings(ca_file=str(tmp_path / "ca.pem"))])
+        outcomes.append(outcome)
+    too_long, ordinary = outcomes
+    assert (too_long.status, too_long.error) == (None, "tls_error"), too_long
+    assert "excessive message size" in too_long.detail.lower(), too_long.detail
+    assert ordinary.status == 204
