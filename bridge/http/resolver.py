@@ -131,7 +131,7 @@ class SafeResolver:
     seconds; a name that did not resolve (OSError from the lookup, or no answer within
     ``LOOKUP_DEADLINE_S``) for ``FAILURE_TTL_S``. Callers asking for a name while it is being
     looked up share that lookup (one caller giving up does not end it for the others). When no
-    address remains it raises DestinationRefusedError naming every refusal.
+    address remains it raises DestinationRefusedError naming the first refusals.
     """
 
     def __init__(

@@ -60,6 +60,7 @@ class Summarise(logging.Filter):
         super().__init__()
         self.window = window
         self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (passed at, dropped since)
+        self._lock = threading.Lock()  # librdkafka's threads log too (a filter runs unlocked)
 
     def filter(self, record: logging.LogRecord) -> bool:
         librdkafka = record.name == LIBRDKAFKA.name and bool(record.args)
@@ -74,13 +75,14 @@ class Summarise(logging.Filter):
         else:
             return True
         now = time.monotonic()
-        passed, dropped = self._kinds.get(kind, (float("-inf"), 0))
-        if now - passed < self.window:
-            self._kinds[kind] = (passed, dropped + 1)
-            return False
-        if len(self._kinds) >= MAX_KINDS:
-            self._kinds.clear()
-        self._kinds[kind] = (now, 0)
+        with self._lock:
+            passed, dropped = self._kinds.get(kind, (float("-inf"), 0))
+            if now - passed < self.window:
+                self._kinds[kind] = (passed, dropped + 1)
+                return False
+            if len(self._kinds) >= MAX_KINDS:
+                self._kinds.clear()
+            self._kinds[kind] = (now, 0)
         if dropped:
             record.fields = {**fields, "repeated": dropped}
         return True

@@ -217,3 +217,21 @@ def test_a_queued_record_keeps_no_frame_alive() -> None:
     (line,) = [json.loads(line) for line in _read_all(read_end).decode().splitlines()]
     os.close(read_end)
     assert "ValueError: boom" in line["exception"]
+
+
+def test_repeats_counted_from_several_threads_are_all_counted() -> None:
+    """librdkafka's threads and the event loop log through the same filter at once."""
+    summarise = Summarise(window=3600)
+    threads, per_thread = 4, 20_000
+
+    def repeat() -> None:
+        for _ in range(per_thread):
+            summarise.filter(_record("kafka.error", error="same"))
+
+    workers = [threading.Thread(target=repeat) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    ((_passed, dropped),) = summarise._kinds.values()
+    assert dropped == threads * per_thread - 1  # every repeat but the first one passed
