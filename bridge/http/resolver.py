@@ -118,7 +118,7 @@ def _settle(answer: asyncio.Future[list[str]], result: Any, error: int | None) -
     if error:
         answer.set_exception(socket.gaierror(error, pycares.errno.strerror(error)))
         return
-    addresses = (node.addr[0] for node in result.nodes[:MAX_ADDRESSES])
+    addresses = (node.addr[0] for node in result.nodes)  # (SafeResolver keeps MAX_ADDRESSES)
     text = (a.decode("ascii") if isinstance(a, bytes) else str(a) for a in addresses)
     answer.set_result(list(dict.fromkeys(text)))
 

@@ -29,9 +29,10 @@ servers limited to X25519 or P-384, and TLS 1.2 servers with a P-384 or P-521 ce
 (which the client's groups must cover). The list is therefore given to OpenSSL itself
 (``SSL_CTX_set1_groups_list``, through ctypes, looked up through Python's ``_ssl`` module),
 after checking that the pointer read from the context is its ``SSL_CTX`` (OpenSSL's options for
-it must be the context's). Where that cannot be done, P-256 alone is offered, with a warning
-(``tls.groups_fallback``): a receiver that refuses it fails with ``tls_error``, and none can make
-the handshake expensive.
+it must be the context's); :data:`MAX_CERT_LIST` is set the same way. Where that cannot be done,
+P-256 alone is offered, with a warning (``tls.groups_fallback``): a receiver that refuses it
+fails with ``tls_error``, and none can make the key exchange expensive (the certificate message
+then keeps OpenSSL's own bound).
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ def _libssl() -> ctypes.CDLL | None:
     return library
 
 
-def _offer_groups(context: ssl.SSLContext) -> bool:
-    """Give ``context`` the groups of :data:`GROUPS`, and the certificate-list bound of
-    :data:`MAX_CERT_LIST`; False when that cannot be done safely."""
+def _bound_handshake(context: ssl.SSLContext) -> bool:
+    """Give ``context``, through OpenSSL itself, the groups of :data:`GROUPS` and the
+    certificate-message bound of :data:`MAX_CERT_LIST`; False when that cannot be done safely."""
     library = _libssl()
     if library is None:
         return False
@@ -181,7 +182,7 @@ def make_context(settings: TlsSettings) -> ssl.SSLContext:
         context.keylog_filename = keylog
     context.minimum_version = VERSIONS[settings.min_version]
     context.set_ciphers(CIPHERS)  # key exchanges of bounded cost only (see the module's text)
-    if not _offer_groups(context):
+    if not _bound_handshake(context):  # (then the certificate message keeps OpenSSL's bound)
         context.set_ecdh_curve(FALLBACK_GROUP)
         log.warning("tls.groups_fallback", extra={"fields": {"offered": FALLBACK_GROUP}})
     context.options |= ssl.OP_NO_RENEGOTIATION

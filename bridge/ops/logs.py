@@ -184,10 +184,11 @@ class BackgroundHandler(logging.Handler):
         try:
             line = self.format(record)
         except Exception as exc:  # (RecursionError included) the record's fields, say
-            line = json.dumps(
-                {"level": "error", "logger": record.name, "event": "log.unformattable",
-                 "error": type(exc).__name__}
-            )  # fmt: skip
+            said = logging.LogRecord(
+                record.name, logging.ERROR, __file__, 0, "log.unformattable", None, None
+            )
+            said.fields = {"error": type(exc).__name__}
+            line = self.format(said)  # (in the configured format, like every other line)
         data = memoryview((line + "\n").encode("utf-8", "replace"))
         try:
             while data:
