@@ -21,6 +21,13 @@ a budget of its own, made nine times the failed connections, delay-topic writes 
 held up the other accounts' deliveries for seconds: docs/PERFORMANCE.md). A webhook whose last
 attempt was answered is never refused for its account's credit, so an account's working webhooks
 keep flowing beside its silent ones; a webhook not yet answering needs both credits.
+
+A webhook not answering (new, or whose last attempt got no HTTP status) also has room for one
+attempt at a time, a probe, until it answers; then its whole limit opens at once. Without it a
+neighbour's new or failing webhooks each started up to their limit of attempts at the same
+moment, before any had failed (32 connections apiece at the default), and the healthy webhooks'
+slowest deliveries all fell in that onset (docs/PERFORMANCE.md). A webhook that answers pays one
+round trip of slow start; one that does not costs one connection at a time.
 """
 
 from __future__ import annotations
@@ -82,8 +89,12 @@ class Lane:
     ``patience`` seconds with every slot taken, the lane is stalled: waiters give up and new
     deliveries do not wait, so a stalled webhook cannot hold the process-wide in-flight budget
     that healthy webhooks need. It stays stalled until it answers again: meanwhile a delivery
-    only starts when a slot is free (a probe, one per slot and per timeout) and never waits. One
-    timer per lane watches for a stall, however many deliveries wait.
+    only starts when the slot is free (a probe, one per timeout) and never waits. One timer per
+    lane watches for a stall, however many deliveries wait.
+
+    The lane's room (:meth:`room`) is its limit only while the webhook's last attempt was
+    answered; a new lane, and one whose last attempt got no HTTP status, has room for one attempt
+    at a time until an answer opens the whole limit to its waiters (see the module's text).
 
     Waiting is also refused when the webhook's unanswered credit is spent (the waiters are turned
     away as the credit runs out), and, while the in-flight limit holds everyone up, to a delivery
@@ -97,6 +108,7 @@ class Lane:
         "answering",
         "credit",
         "credit_at",
+        "fresh",
         "hurry",
         "is_stalled",
         "last_answer",
@@ -121,15 +133,22 @@ class Lane:
         self.active = 0
         self.credit = UNANSWERED_BURST  # unanswered attempts this webhook may still spend
         self.credit_at = time.monotonic()  # when ``credit`` was last brought up to date
+        self.fresh = True  # no attempt has ended yet: the first one's end decides
         self.is_stalled = False
         self.last_answer = time.monotonic()
         self.waiters: deque[tuple[asyncio.Future[bool], float]] = deque()  # and when it came
         self.watch: asyncio.TimerHandle | None = None
 
+    def room(self) -> int:
+        """How many attempts may be under way at once: the webhook's limit while its last attempt
+        was answered, one (a probe) while it is not answering (new, or silent since its last
+        attempt)."""
+        return self.limit if self.answering else 1
+
     def refusing(self) -> bool:
         """Whether a new delivery would be parked without a request: the webhook is out of credit,
         or stalled with no slot free (a free slot of a stalled lane takes a probe)."""
-        return self.out_of_credit() or (self.is_stalled and self.active >= self.limit)
+        return self.out_of_credit() or (self.is_stalled and self.active >= self.room())
 
     def out_of_credit(self) -> bool:
         """Whether the webhook has spent its unanswered budget, or is not answering and its
@@ -165,7 +184,7 @@ class Lane:
 
     def try_acquire(self) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
-        if self.active < self.limit and not self.waiters:
+        if self.active < self.room() and not self.waiters:
             if self.active == 0 and not self.is_stalled:
                 self.last_answer = time.monotonic()  # an idle lane is not a stalled one
             self.active += 1
@@ -174,8 +193,9 @@ class Lane:
 
     def stalled(self) -> bool:
         """Stalled before, and not answered since; or every slot taken and no answer for
-        ``patience`` seconds."""
-        if not self.is_stalled and self.active >= self.limit:
+        ``patience`` seconds (never while a new lane's first attempt is under way: see
+        :meth:`_check`)."""
+        if not self.is_stalled and not self.fresh and self.active >= self.room():
             self.is_stalled = time.monotonic() - self.last_answer >= self.patience
         return self.is_stalled
 
@@ -184,13 +204,13 @@ class Lane:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append((waiter, time.monotonic()))
-        if self.watch is None:
+        if self.watch is None and not self.fresh:
             self.watch = loop.call_at(self._stall_at(loop), self._check)
         try:
             return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
-                self.release(answered=False)  # the slot was handed over as we were cancelled
+                self._free_slot()  # handed over as we were cancelled: passed on, nothing judged
             raise
 
     def _stall_at(self, loop: asyncio.AbstractEventLoop) -> float:
@@ -198,8 +218,11 @@ class Lane:
         return loop.time() + max(0.0, self.last_answer + self.patience - time.monotonic())
 
     def _check(self) -> None:
+        """The stall watch. A new lane is not judged while its first attempt is under way: that
+        attempt's end decides (a slow webhook's first answer may take longer than the patience;
+        every attempt ends within its timeout), and :meth:`release` watches again."""
         self.watch = None
-        if not self.waiters:
+        if not self.waiters or self.fresh:
             return
         if time.monotonic() - self.last_answer >= self.patience:
             self.is_stalled = True
@@ -233,7 +256,14 @@ class Lane:
             self.watch = loop.call_at(self._stall_at(loop), self._check)
 
     def release(self, answered: bool) -> None:
-        """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came."""
+        """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came.
+        The first answer after silence opens the whole limit to the waiters. A new lane's first
+        attempt that ends unanswered after the patience stalls the lane at once, as the watch
+        would have if it had judged it (:meth:`_check`): its waiters are turned away and none
+        takes the slot."""
+        opened = answered and not self.answering
+        first = self.fresh
+        self.fresh = False
         if answered:
             self.last_answer = time.monotonic()
             self.is_stalled = False
@@ -244,9 +274,19 @@ class Lane:
             self.answering = False
             if self.account is not None:
                 self.account.spend()
+            if first and self.waiters and time.monotonic() - self.last_answer >= self.patience:
+                self.is_stalled = True
+                self.active -= 1
+                asyncio.get_running_loop().call_soon(self._turn_away)
+                return
             if had_credit and self.out_of_credit() and self.waiters:  # spent: nobody waits
                 asyncio.get_running_loop().call_soon(self._turn_away)
         self._free_slot()
+        if opened:
+            self.admit()
+        if self.waiters and self.watch is None and not self.is_stalled:
+            loop = asyncio.get_running_loop()
+            self.watch = loop.call_at(self._stall_at(loop), self._check)
 
     def shed(self) -> int:
         """Turn away the waiters that have waited ``patience`` seconds or more (they are parked):
@@ -263,12 +303,24 @@ class Lane:
         return shed
 
     def _free_slot(self) -> None:
-        while self.waiters:
+        """End one attempt's hold on a slot: hand it to the first live waiter, unless the lane
+        holds more than its room (its webhook stopped answering, or its limit was lowered)."""
+        if self.active <= self.room():
+            while self.waiters:
+                waiter, _came = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(True)
+                    return
+        self.active -= 1
+
+    def admit(self) -> None:
+        """Give the free slots to waiters, first come first served: after the room grew (the
+        webhook answered a probe, or its limit was raised)."""
+        while self.waiters and self.active < self.room():
             waiter, _came = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(True)
-                return
-        self.active -= 1
+                self.active += 1
 
     def snapshot(self) -> dict[str, int | float | bool]:
         """The lane's state now, for the operator's ``/status`` view; changes nothing (the credit
@@ -278,6 +330,7 @@ class Lane:
         return {
             "active": self.active,
             "limit": self.limit,
+            "probing": not self.answering,
             "waiting": sum(1 for waiter, _came in self.waiters if not waiter.done()),
             "stalled": self.is_stalled,
             "credit": round(credit, 1),
@@ -337,6 +390,7 @@ class Lanes(dict[str, Lane]):
                 lane.limit = webhook.concurrency
                 lane.patience = self.patience(webhook)
                 lane.account = self.account(webhook.account)
+                lane.admit()  # a raised limit lets waiters in now
 
     def shed_waiters(self) -> None:
         """At the in-flight limit: park the deliveries that waited a lane's patience or more for

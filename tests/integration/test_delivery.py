@@ -173,6 +173,43 @@ def test_hung_endpoint_does_not_delay_a_healthy_one(
     )
 
 
+def _most_at_once(arrivals: list[float], hold: float) -> int:
+    """The most requests that arrived within ``hold`` seconds of one another."""
+    return max(sum(1 for other in arrivals if at - hold < other <= at) for at in arrivals)
+
+
+def test_a_webhook_that_does_not_answer_gets_one_attempt_at_a_time(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """A webhook that never answers (each request hangs until the 1 s timeout) with a
+    concurrency of 8 is sent one request at a time, as probes; a slow webhook that answers runs
+    at its whole concurrency of 4 once its first answer came."""
+    timeout, hold = 1.0, 0.3
+    receiver.behaviours["/silent"] = lambda _seen: Answer(hang=True)
+    receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=hold)
+    setup = bridge_setup(
+        [
+            webhook("silent", "acct_silent", receiver.url("/silent"), concurrency=8),
+            webhook("slow", "acct_slow", receiver.url("/slow"), concurrency=4),
+        ],
+        retry={"first_delay_ms": 200, "increment_ms": 100, "park_delay_ms": 500},
+        delivery={"timeout_seconds": timeout},
+    )
+    setup.start_bridge()
+    setup.produce_records([make_record(f"tx-q{i}", "acct_silent") for i in range(16)])
+    setup.produce_records([make_record(f"tx-w{i}", "acct_slow") for i in range(16)])
+
+    wait_for(
+        lambda: len(receiver.received_ids("/slow")) == 16 and len(receiver.on("/silent")) >= 4,
+        40,
+        message="every slow delivery, and four probes of the silent webhook",
+    )
+    silent = sorted(r.at for r in receiver.on("/silent"))
+    slow = sorted(r.at for r in receiver.on("/slow"))
+    assert _most_at_once(silent, 0.8 * timeout) == 1, [round(at - silent[0], 3) for at in silent]
+    assert _most_at_once(slow, 0.8 * hold) == 4, "the answering webhook used its whole limit"
+
+
 def test_sigterm_drains_and_commits(receiver: Receiver, bridge_setup: Setup) -> None:
     receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=1.0)
     setup = bridge_setup([webhook("slow", "acct_1", receiver.url("/slow"))], partitions=1)

@@ -66,11 +66,19 @@ def test_only_2xx_counts_as_received() -> None:
     )
 
 
+def answering(lane: Lane) -> Lane:
+    """``lane`` after one attempt that was answered: its whole limit is open."""
+    assert lane.try_acquire()
+    lane.release(answered=True)
+    assert lane.answering and lane.room() == lane.limit
+    return lane
+
+
 def test_a_moving_lane_keeps_waiters_past_its_patience() -> None:
     async def scenario() -> tuple[bool, bool, float]:
-        lane = Lane(2, patience=0.05)
-        lane.try_acquire()  # hangs for the whole test
-        lane.try_acquire()  # answers after 0.03 s
+        lane = answering(Lane(2, patience=0.05))
+        assert lane.try_acquire()  # hangs for the whole test
+        assert lane.try_acquire()  # answers after 0.03 s
         started = time.monotonic()
         first = asyncio.ensure_future(lane.acquire())
         second = asyncio.ensure_future(lane.acquire())
@@ -88,7 +96,7 @@ def test_a_moving_lane_keeps_waiters_past_its_patience() -> None:
 
 def test_a_stalled_lane_turns_waiters_and_newcomers_away() -> None:
     async def scenario() -> tuple[bool, bool, bool]:
-        lane = Lane(1, patience=0.05)
+        lane = answering(Lane(1, patience=0.05))
         lane.try_acquire()  # a request that never answers
         waited = await lane.acquire()
         stalled = lane.stalled()
@@ -100,7 +108,7 @@ def test_a_stalled_lane_turns_waiters_and_newcomers_away() -> None:
 
 def test_a_stalled_lane_stays_stalled_until_the_webhook_answers() -> None:
     async def scenario() -> list[object]:
-        lane = Lane(1, patience=0.05)
+        lane = answering(Lane(1, patience=0.05))
         lane.try_acquire()  # a request that hangs until its timeout
         seen: list[object] = [await lane.acquire(), lane.stalled()]
         lane.release(answered=False)  # the timeout frees the slot: not an answer
@@ -129,7 +137,7 @@ def test_cancelled_waiter_does_not_leak_a_slot() -> None:
 
 async def _turned_away_times(waiters: int, hurry: bool) -> list[float]:
     """When each of ``waiters`` deliveries, waiting on a lane that stalls, is turned away."""
-    lane = Lane(1, patience=0.02, hurry=lambda: hurry)
+    lane = answering(Lane(1, patience=0.02, hurry=lambda: hurry))
     lane.try_acquire()  # a request that never answers
     times: list[float] = []
 
@@ -295,7 +303,7 @@ def test_attempts_under_way_when_credit_runs_out_leave_a_bounded_debt(
 ) -> None:
     clock = FakeClock()
     monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=clock))  # budget's clock only
-    lane = Lane(10_000, patience=5)
+    lane = answering(Lane(10_000, patience=5))
     entered = [asyncio.run(lane.enter()) for _ in range(3 * int(UNANSWERED_BURST))]
     assert all(entered)  # all started while credit was left
     for _ in entered:
@@ -374,7 +382,7 @@ def test_shed_parks_only_the_waiters_that_waited_their_patience(
 
 def test_a_stalled_lane_refuses_new_work_only_while_every_slot_is_taken() -> None:
     async def scenario() -> list[bool]:
-        lane = Lane(1, patience=0.02)
+        lane = answering(Lane(1, patience=0.02))
         assert await lane.enter()  # hangs
         assert not await lane.enter()  # waits past the patience: stalled, turned away
         seen = [lane.refusing()]  # stalled, its only slot taken: park without a request
@@ -385,3 +393,124 @@ def test_a_stalled_lane_refuses_new_work_only_while_every_slot_is_taken() -> Non
         return seen
 
     assert asyncio.run(scenario()) == [True, False, True]
+
+
+def test_a_lane_not_answering_yet_runs_one_attempt_then_opens_its_limit_on_an_answer() -> None:
+    async def scenario() -> list[object]:
+        lane = Lane(4, patience=60)
+        assert lane.room() == 1 and lane.snapshot()["probing"]
+        assert lane.try_acquire()  # the probe
+        assert not lane.try_acquire(), "a new webhook: one attempt until it answers"
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(6)]
+        await asyncio.sleep(0)
+        seen: list[object] = [sum(task.done() for task in waiting)]
+        lane.release(answered=True)  # the probe's answer opens the limit: four go at once
+        await asyncio.sleep(0)
+        seen += [sum(task.done() for task in waiting), lane.active, lane.snapshot()["probing"]]
+        for task in waiting:
+            task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [0, 4, 4, False]
+
+
+def test_a_lane_whose_attempt_goes_unanswered_narrows_to_one_probe_until_an_answer() -> None:
+    async def scenario() -> list[object]:
+        lane = answering(Lane(4, patience=60))
+        for _ in range(4):
+            assert lane.try_acquire()
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(6)]
+        await asyncio.sleep(0)
+
+        def started() -> int:
+            return sum(task.done() for task in waiting)
+
+        seen: list[object] = []
+        lane.release(answered=False)  # silent: the three under way finish, nobody starts
+        lane.release(answered=False)
+        lane.release(answered=False)
+        await asyncio.sleep(0)
+        seen += [started(), lane.active]
+        lane.release(answered=False)  # the last one ends: its slot is the probe
+        await asyncio.sleep(0)
+        seen += [started(), lane.active]
+        lane.release(answered=True)  # the probe is answered: the whole limit again
+        await asyncio.sleep(0)
+        seen += [started(), lane.active]
+        for task in waiting:
+            task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [0, 1, 1, 1, 5, 4]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_lane_never_exceeds_its_room_and_never_leaves_a_slot_idle(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random entries, answered and unanswered ends, and cancelled waiters: whenever an attempt
+    starts while the webhook is not answering it is the only one under way; the lane never
+    holds more than its limit; its count is the attempts under way; and nobody waits while
+    there is room (no slot is lost)."""
+    import random
+
+    rng = random.Random(seed)
+
+    async def scenario() -> None:
+        lane = Lane(rng.randint(1, 6), patience=3600)
+        under_way: list[object] = []
+        pending: list[asyncio.Task[bool]] = []
+
+        async def settle() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+        for _ in range(300):
+            roll = rng.random()
+            if roll < 0.45:
+                pending.append(asyncio.ensure_future(lane.enter()))
+            elif roll < 0.9 and under_way:
+                under_way.pop(rng.randrange(len(under_way)))
+                lane.release(answered=rng.random() < 0.5)
+            elif pending:
+                pending.pop(rng.randrange(len(pending))).cancel()
+            elif roll < 0.95:
+                lane.limit = rng.randint(1, 6)  # a reload
+                lane.admit()
+            await settle()
+            started = [task for task in pending if task.done() and not task.cancelled()]
+            for task in started:
+                pending.remove(task)
+                assert task.result(), "credit is never short here: nobody is parked"
+                under_way.append(task)
+            if started:  # one at a time while not answering; never past a lowered limit
+                assert lane.active <= lane.room(), (lane.active, lane.room())
+            assert lane.active == len(under_way), "every slot held by an attempt under way"
+            live = [task for task in pending if not task.done()]
+            if live:
+                assert lane.active >= lane.room(), "a delivery waits while a slot is free"
+        for task in pending:
+            task.cancel()
+        await settle()
+
+    monkeypatch.setattr(budget, "UNANSWERED_BURST", 10_000.0)  # not what this test is about
+    asyncio.run(scenario())
+
+
+def test_a_new_lane_waits_for_its_first_attempts_end_past_the_patience() -> None:
+    """A new webhook's first answer may take longer than the patience: its waiters wait for
+    that attempt's end. Answered, the limit opens; unanswered, the lane is judged at once (no
+    answer for the patience: stalled, every waiter turned away, none of them tried)."""
+
+    async def first_attempt(answered: bool) -> list[object]:
+        lane = Lane(4, patience=0.02)
+        assert await lane.enter()  # the first attempt: slower than the patience
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(3)]
+        await asyncio.sleep(0.1)  # five times the patience
+        seen: list[object] = [sum(task.done() for task in waiting), lane.stalled()]
+        lane.release(answered=answered)
+        results = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        return [*seen, results, lane.is_stalled]
+
+    assert asyncio.run(first_attempt(True)) == [0, False, [True, True, True], False]
+    assert asyncio.run(first_attempt(False)) == [0, False, [False, False, False], True]

@@ -75,7 +75,9 @@ def test_the_view_lists_the_webhooks_that_need_attention_most_pressing_first() -
         for n in range(10_000):  # every webhook has had traffic: idle lanes are not listed
             engine.lanes[f"hook-{n:05d}"] = lane()
         engine.lanes["hook-00001"] = lane(active=2)
-        engine.lanes["hook-00002"] = lane(active=4, waiters=waiting(loop, 3, done=2))
+        engine.lanes["hook-00002"] = lane(
+            active=4, waiters=waiting(loop, 3, done=2), answering=True
+        )
         engine.lanes["hook-00003"] = lane(active=4, is_stalled=True)
         engine.lanes["hook-00004"] = lane(credit=-50.0, credit_at=time.monotonic())
         engine.lanes["hook-00005"] = lane(credit=50.0, credit_at=time.monotonic())  # some spent
@@ -100,6 +102,7 @@ def test_the_view_lists_the_webhooks_that_need_attention_most_pressing_first() -
         "failing_since": None,
         "active": 4,
         "limit": 4,
+        "probing": False,
         "waiting": 3,
         "stalled": False,
         "credit": UNANSWERED_BURST,
