@@ -205,7 +205,7 @@ class Lane:
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append((waiter, time.monotonic()))
         if self.watch is None and not self.fresh:
-            self.watch = loop.call_at(self._stall_at(loop), self._check)
+            self._watch(loop)
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -213,9 +213,11 @@ class Lane:
                 self._free_slot()  # handed over as we were cancelled: passed on, nothing judged
             raise
 
-    def _stall_at(self, loop: asyncio.AbstractEventLoop) -> float:
-        """The loop time at which the lane counts as stalled unless the webhook answers."""
-        return loop.time() + max(0.0, self.last_answer + self.patience - time.monotonic())
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch for a stall: :meth:`_check` when the lane would count as stalled unless the
+        webhook answers."""
+        stall_at = loop.time() + max(0.0, self.last_answer + self.patience - time.monotonic())
+        self.watch = loop.call_at(stall_at, self._check)
 
     def _check(self) -> None:
         """The stall watch. A new lane is not judged while its first attempt is under way: that
@@ -228,8 +230,7 @@ class Lane:
             self.is_stalled = True
             self._turn_away()
             return
-        loop = asyncio.get_running_loop()
-        self.watch = loop.call_at(self._stall_at(loop), self._check)
+        self._watch(asyncio.get_running_loop())
 
     def _turn_away(self) -> None:
         """Tell the waiters of a stalled lane not to wait, a batch every ``TURN_AWAY_INTERVAL_S``
@@ -253,7 +254,7 @@ class Lane:
         elif refusing:
             loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
         elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
-            self.watch = loop.call_at(self._stall_at(loop), self._check)
+            self._watch(loop)
 
     def release(self, answered: bool) -> None:
         """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came.
@@ -285,8 +286,7 @@ class Lane:
         if opened:
             self.admit()
         if self.waiters and self.watch is None and not self.is_stalled:
-            loop = asyncio.get_running_loop()
-            self.watch = loop.call_at(self._stall_at(loop), self._check)
+            self._watch(asyncio.get_running_loop())
 
     def shed(self) -> int:
         """Turn away the waiters that have waited ``patience`` seconds or more (they are parked):
@@ -315,8 +315,9 @@ class Lane:
 
     def admit(self) -> None:
         """Give the free slots to waiters, first come first served: after the room grew (the
-        webhook answered a probe, or its limit was raised)."""
-        while self.waiters and self.active < self.room():
+        webhook answered a probe, or its limit was raised). None while the lane is stalled: its
+        waiters are being turned away."""
+        while self.waiters and self.active < self.room() and not self.is_stalled:
             waiter, _came = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(True)

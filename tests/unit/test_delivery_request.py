@@ -514,3 +514,19 @@ def test_a_new_lane_waits_for_its_first_attempts_end_past_the_patience() -> None
 
     assert asyncio.run(first_attempt(True)) == [0, False, [True, True, True], False]
     assert asyncio.run(first_attempt(False)) == [0, False, [False, False, False], True]
+
+
+def test_a_raised_limit_admits_no_waiter_to_a_stalled_lane() -> None:
+    async def scenario() -> tuple[int, int]:
+        lane = answering(Lane(2, patience=0.02))
+        assert lane.try_acquire() and lane.try_acquire()  # both hang
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(3 * TURN_AWAY_BATCH)]
+        while not lane.is_stalled:
+            await asyncio.sleep(0.005)
+        lane.limit = 10  # a reload mid turn-away
+        lane.admit()
+        started = sum(task.done() and task.result() for task in waiting)
+        await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        return started, lane.active
+
+    assert asyncio.run(scenario()) == (0, 2)
