@@ -27,7 +27,10 @@ attempt at a time, a probe, until it answers; then its whole limit opens at once
 neighbour's new or failing webhooks each started up to their limit of attempts at the same
 moment, before any had failed (32 connections apiece at the default), and the healthy webhooks'
 slowest deliveries all fell in that onset (docs/PERFORMANCE.md). A webhook that answers pays one
-round trip of slow start; one that does not costs one connection at a time.
+round trip of slow start; one that does not costs one connection at a time until it is judged
+stalled. A stalled webhook's deliveries no longer wait at all (they are parked), so its lane has
+its limit again: each delivery that comes back from the parking topic is tried if a slot is free
+(see :meth:`Lane.room`).
 """
 
 from __future__ import annotations
@@ -89,12 +92,13 @@ class Lane:
     ``patience`` seconds with every slot taken, the lane is stalled: waiters give up and new
     deliveries do not wait, so a stalled webhook cannot hold the process-wide in-flight budget
     that healthy webhooks need. It stays stalled until it answers again: meanwhile a delivery
-    only starts when the slot is free (a probe, one per timeout) and never waits. One timer per
-    lane watches for a stall, however many deliveries wait.
+    only starts when a slot is free and never waits. One timer per lane watches for a stall,
+    however many deliveries wait.
 
-    The lane's room (:meth:`room`) is its limit only while the webhook's last attempt was
-    answered; a new lane, and one whose last attempt got no HTTP status, has room for one attempt
-    at a time until an answer opens the whole limit to its waiters (see the module's text).
+    The lane's room (:meth:`room`) is its limit while the webhook's last attempt was answered
+    and while it is stalled; a new lane, and one whose last attempt got no HTTP status, has room
+    for one attempt at a time until an answer opens the whole limit to its waiters or the lane
+    is judged stalled (see the module's text).
 
     Waiting is also refused when the webhook's unanswered credit is spent (the waiters are turned
     away as the credit runs out), and, while the in-flight limit holds everyone up, to a delivery
@@ -142,12 +146,17 @@ class Lane:
     def room(self) -> int:
         """How many attempts may be under way at once: the webhook's limit while its last attempt
         was answered, one (a probe) while it is not answering (new, or silent since its last
-        attempt)."""
-        return self.limit if self.answering else 1
+        attempt) and not yet judged stalled. A stalled lane has its limit again, but nobody waits
+        for it: its deliveries come back from the parking topic and each is tried only if a slot
+        is free, within the unanswered credit, so every delivery still gets the attempts account
+        holders are promised, and what a stalled webhook costs stays bounded by the park delay
+        and the credit (one probe at a time there re-parked all but one delivery a park delay,
+        and a dead webhook's deliveries were dead-lettered after their parks, never tried)."""
+        return self.limit if self.answering or self.is_stalled else 1
 
     def refusing(self) -> bool:
         """Whether a new delivery would be parked without a request: the webhook is out of credit,
-        or stalled with no slot free (a free slot of a stalled lane takes a probe)."""
+        or stalled with no slot free (a free slot of a stalled lane takes the delivery)."""
         return self.out_of_credit() or (self.is_stalled and self.active >= self.room())
 
     def out_of_credit(self) -> bool:
@@ -331,7 +340,7 @@ class Lane:
         return {
             "active": self.active,
             "limit": self.limit,
-            "probing": not self.answering,
+            "probing": not (self.answering or self.is_stalled),
             "waiting": sum(1 for waiter, _came in self.waiters if not waiter.done()),
             "stalled": self.is_stalled,
             "credit": round(credit, 1),

@@ -178,12 +178,14 @@ def _most_at_once(arrivals: list[float], hold: float) -> int:
     return max(sum(1 for other in arrivals if at - hold < other <= at) for at in arrivals)
 
 
-def test_a_webhook_that_does_not_answer_gets_one_attempt_at_a_time(
+def test_a_webhook_that_does_not_answer_gets_one_attempt_until_it_is_judged_stalled(
     receiver: Receiver, bridge_setup: Setup
 ) -> None:
-    """A webhook that never answers (each request hangs until the 1 s timeout) with a
-    concurrency of 8 is sent one request at a time, as probes; a slow webhook that answers runs
-    at its whole concurrency of 4 once its first answer came."""
+    """A new webhook that never answers (each request hangs until the 1 s timeout) with a
+    concurrency of 8 is sent one request, not 8, before its first attempt ends; judged stalled
+    then, its deliveries back from the parking topic are each tried while a slot is free (so
+    each gets its attempts), never more than its concurrency at once. A slow webhook that
+    answers runs at its whole concurrency of 4 once its first answer came."""
     timeout, hold = 1.0, 0.3
     receiver.behaviours["/silent"] = lambda _seen: Answer(hang=True)
     receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=hold)
@@ -200,13 +202,16 @@ def test_a_webhook_that_does_not_answer_gets_one_attempt_at_a_time(
     setup.produce_records([make_record(f"tx-w{i}", "acct_slow") for i in range(16)])
 
     wait_for(
-        lambda: len(receiver.received_ids("/slow")) == 16 and len(receiver.on("/silent")) >= 4,
+        lambda: len(receiver.received_ids("/slow")) == 16 and len(receiver.on("/silent")) >= 9,
         40,
-        message="every slow delivery, and four probes of the silent webhook",
+        message="every slow delivery, and the silent webhook's probe and parked deliveries",
     )
     silent = sorted(r.at for r in receiver.on("/silent"))
     slow = sorted(r.at for r in receiver.on("/slow"))
-    assert _most_at_once(silent, 0.8 * timeout) == 1, [round(at - silent[0], 3) for at in silent]
+    onset = [round(at - silent[0], 3) for at in silent if at < silent[0] + 0.8 * timeout]
+    assert onset == [0.0], "a new webhook gets one attempt until its first one ends"
+    assert _most_at_once(silent, 0.8 * timeout) <= 8, "never past the webhook's concurrency"
+    assert _most_at_once(silent, 0.8 * timeout) > 1, "stalled: the parked deliveries are tried"
     assert _most_at_once(slow, 0.8 * hold) == 4, "the answering webhook used its whole limit"
 
 

@@ -530,3 +530,27 @@ def test_a_raised_limit_admits_no_waiter_to_a_stalled_lane() -> None:
         return started, lane.active
 
     assert asyncio.run(scenario()) == (0, 2)
+
+
+def test_a_stalled_lane_tries_each_delivery_back_from_the_park_while_a_slot_is_free() -> None:
+    """Once stalled nothing waits for a webhook, so the narrowing to one probe ends: deliveries
+    back from the parking topic each take a free slot, up to the limit (each gets its attempts),
+    and the next is refused at once, never waiting; an answer ends the stall."""
+
+    async def scenario() -> list[object]:
+        lane = Lane(4, patience=0.01)
+        assert await lane.enter()  # the first attempt hangs past the patience
+        waiter = asyncio.ensure_future(lane.enter())
+        await asyncio.sleep(0.02)
+        lane.release(answered=False)  # unanswered: stalled at once, the waiter is parked
+        await asyncio.wait_for(waiter, 1.0)
+        seen: list[object] = [waiter.result(), lane.is_stalled, lane.active]
+        back = [lane.try_acquire() for _ in range(5)]  # back from the park, all at once
+        seen += [back, lane.refusing(), lane.stalled()]
+        lane.release(answered=True)  # one of them is answered: the stall ends
+        seen += [lane.is_stalled, lane.room()]
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        False, True, 0, [True, True, True, True, False], True, True, False, 4
+    ]  # fmt: skip
