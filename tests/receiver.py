@@ -7,6 +7,7 @@ answer from how many times that ``webhook-id`` was seen on that path; every requ
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 import threading
 import time
@@ -41,6 +42,13 @@ def always(status: int) -> Behaviour:
 def fail_first(times: int, status: int = 500) -> Behaviour:
     """Fail the first ``times`` requests of each webhook-id with ``status``, then answer 200."""
     return lambda seen: Answer(status) if seen < times else Answer(200)
+
+
+def warmed_then(answer: Answer) -> Behaviour:
+    """Answer 200 at once to the path's very first request (it shows the bridge that the webhook
+    answers, which opens its whole concurrency limit), then ``answer`` to every request."""
+    calls = itertools.count()
+    return lambda _seen: Answer(200) if next(calls) == 0 else answer
 
 
 @dataclass(frozen=True)

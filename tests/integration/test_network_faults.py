@@ -59,7 +59,7 @@ from tests.ledger import (
     unexplained_duplicates,
 )
 from tests.netns import DelayProxy, Namespace, network_namespace
-from tests.receiver import Answer, Receiver, fail_first
+from tests.receiver import Answer, Receiver, fail_first, warmed_then
 
 pytestmark = pytest.mark.integration
 
@@ -146,14 +146,16 @@ def test_shutdown_ends_within_the_grace_period_while_the_broker_is_cut_off(
     settled is left for redelivery, bridge.stopped says so, the exit code is 0 and every line
     the bridge wrote is JSON (the existing stopped/frozen test, with a network cut)."""
     grace = 3.0
-    receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=30)
+    receiver.behaviours["/slow"] = warmed_then(Answer(200, delay=30))
     setup = bridge_setup(
         [webhook("slow", "acct_1", receiver.url("/slow"))],
         delivery={"timeout_seconds": 20.0, "shutdown_grace_seconds": grace},
     )
     bridge = setup.start_bridge()
+    setup.produce_records([make_record("tx-cut-warm", "acct_1")])  # answered: 3 at once next
+    wait_for(lambda: len(receiver.on("/slow")) == 1, 30, message="the warm-up delivery")
     setup.produce_records([make_record(f"tx-cut-{i}", "acct_1") for i in range(3)])
-    wait_for(lambda: len(receiver.on("/slow")) == 3, 30, message="deliveries in flight")
+    wait_for(lambda: len(receiver.on("/slow")) == 4, 30, message="deliveries in flight")
 
     with inside.cut(broker_port(setup)) as cut:
         # Only the bridge talks to the broker now: what the rules drop is its traffic.

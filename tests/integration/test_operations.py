@@ -26,7 +26,7 @@ from devtools.devkafka import Broker, free_port
 from devtools.samples import encode_records, make_record
 from tests.bridge_harness import REPO, SCHEMA, BridgeProcess, BridgeSetup, webhook
 from tests.kafka_helpers import QUIET, committed_offsets, create_topics, produce, wait_for
-from tests.receiver import Answer, Receiver, always, fail_first
+from tests.receiver import Answer, Receiver, always, fail_first, warmed_then
 
 pytestmark = pytest.mark.integration
 
@@ -292,7 +292,7 @@ def test_shutdown_ends_within_the_grace_period_whatever_the_broker_does(
     pid = broker.pid()
     assert pid is not None
     try:
-        receiver.behaviours["/slow"] = lambda _seen: Answer(200, delay=30)
+        receiver.behaviours["/slow"] = warmed_then(Answer(200, delay=30))
         setup = BridgeSetup(
             bootstrap,
             tmp_path,
@@ -301,8 +301,10 @@ def test_shutdown_ends_within_the_grace_period_whatever_the_broker_does(
         )
         setup.create_topics()
         bridge = setup.start_bridge()
+        setup.produce_records([make_record("tx-grace-warm", "acct_1")])  # answered: 3 at once next
+        wait_for(lambda: len(receiver.on("/slow")) == 1, 30, message="the warm-up delivery")
         setup.produce_records([make_record(f"tx-grace-{i}", "acct_1") for i in range(3)])
-        wait_for(lambda: len(receiver.on("/slow")) == 3, 30, message="deliveries in flight")
+        wait_for(lambda: len(receiver.on("/slow")) == 4, 30, message="deliveries in flight")
         if fault == "stopped":
             broker.kill()
         else:
