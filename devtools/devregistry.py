@@ -235,6 +235,7 @@ def _wait_until_ready(
                     return
                 last_error = f"HTTP {response.status}"
         except urllib.error.HTTPError as exc:
+            exc.close()  # its response holds the socket until closed (a warning if collected)
             last_error = f"HTTP {exc.code}"
         except OSError as exc:  # still starting: connection refused or reset
             last_error = str(exc)

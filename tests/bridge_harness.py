@@ -208,7 +208,8 @@ class BridgeProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+            with exc:
+                return exc.code, exc.read().decode()
         except OSError:
             return 0, ""  # not listening (yet)
 

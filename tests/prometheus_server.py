@@ -89,7 +89,8 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            body = json.loads(exc.read() or b"{}")
+            with exc:
+                body = json.loads(exc.read() or b"{}")
         assert body.get("status") == "success", f"{path} {params}: {body}"
         assert not body.get("warnings"), f"{path} {params}: {body['warnings']}"
         return body["data"]

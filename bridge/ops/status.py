@@ -76,6 +76,7 @@ def fetch_status(base: str, timeout: float = 10.0) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
+        exc.close()  # its response holds the socket until closed
         raise StatusError(f"{url} answered HTTP {exc.code}") from None
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc

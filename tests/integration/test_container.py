@@ -160,6 +160,7 @@ def _http(port: int, path: str) -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
+        exc.close()
         return exc.code
     except OSError:
         return 0

@@ -78,6 +78,7 @@ def test_sample_receiver_rejects_a_bad_signature(tmp_path: Path) -> None:
                 with urllib.request.urlopen(request, timeout=2) as response:
                     return int(response.status)
             except urllib.error.HTTPError as exc:
+                exc.close()
                 return exc.code
             except OSError:
                 return 0
