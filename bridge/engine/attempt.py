@@ -128,7 +128,7 @@ class Deliverer:
         if not await lane.enter():
             await self.recovery.park([delivery])  # no request made, no attempt spent
             return
-        answered = False
+        answered: bool | None = None  # None: cancelled before the attempt ended
         try:
             outcome = await guarded_attempt(
                 self.sender.send,
@@ -141,7 +141,10 @@ class Deliverer:
             )
             answered = outcome.status is not None
         finally:
-            lane.release(answered)
+            if answered is None:
+                lane.vacate()
+            else:
+                lane.release(answered)
         if outcome.received:
             self._received(delivery, webhook, outcome)
         else:

@@ -112,7 +112,6 @@ class Lane:
         "answering",
         "credit",
         "credit_at",
-        "fresh",
         "hurry",
         "is_stalled",
         "last_answer",
@@ -137,11 +136,16 @@ class Lane:
         self.active = 0
         self.credit = UNANSWERED_BURST  # unanswered attempts this webhook may still spend
         self.credit_at = time.monotonic()  # when ``credit`` was last brought up to date
-        self.fresh = True  # no attempt has ended yet: the first one's end decides
         self.is_stalled = False
         self.last_answer = time.monotonic()
         self.waiters: deque[tuple[asyncio.Future[bool], float]] = deque()  # and when it came
         self.watch: asyncio.TimerHandle | None = None
+
+    def probing(self) -> bool:
+        """Whether the webhook is not answering (new, or its last attempt got no HTTP status) and
+        not judged stalled yet: it has room for one attempt, whose end decides (see
+        :meth:`_check`)."""
+        return not (self.answering or self.is_stalled)
 
     def room(self) -> int:
         """How many attempts may be under way at once: the webhook's limit while its last attempt
@@ -202,9 +206,8 @@ class Lane:
 
     def stalled(self) -> bool:
         """Stalled before, and not answered since; or every slot taken and no answer for
-        ``patience`` seconds (never while a new lane's first attempt is under way: see
-        :meth:`_check`)."""
-        if not self.is_stalled and not self.fresh and self.active >= self.room():
+        ``patience`` seconds (never while a probe is under way: see :meth:`_check`)."""
+        if not self.is_stalled and not self.probing() and self.active >= self.room():
             self.is_stalled = time.monotonic() - self.last_answer >= self.patience
         return self.is_stalled
 
@@ -213,7 +216,7 @@ class Lane:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append((waiter, time.monotonic()))
-        if self.watch is None and not self.fresh:
+        if self.watch is None and not self.probing():
             self._watch(loop)
         try:
             return await waiter
@@ -229,11 +232,12 @@ class Lane:
         self.watch = loop.call_at(stall_at, self._check)
 
     def _check(self) -> None:
-        """The stall watch. A new lane is not judged while its first attempt is under way: that
-        attempt's end decides (a slow webhook's first answer may take longer than the patience;
-        every attempt ends within its timeout), and :meth:`release` watches again."""
+        """The stall watch. A lane is not judged while it probes (new, or narrowed to one attempt
+        after one went unanswered): the probe's end decides (a slow webhook's answer may take
+        longer than the patience, and judged on the clock it was parked for being slow, once
+        after each reset; every attempt ends within its timeout), and :meth:`release` judges."""
         self.watch = None
-        if not self.waiters or self.fresh:
+        if not self.waiters or self.probing():
             return
         if time.monotonic() - self.last_answer >= self.patience:
             self.is_stalled = True
@@ -267,13 +271,11 @@ class Lane:
 
     def release(self, answered: bool) -> None:
         """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came.
-        The first answer after silence opens the whole limit to the waiters. A new lane's first
-        attempt that ends unanswered after the patience stalls the lane at once, as the watch
-        would have if it had judged it (:meth:`_check`): its waiters are turned away and none
-        takes the slot."""
+        The first answer after silence opens the whole limit to the waiters. A probe that ends
+        unanswered after the patience stalls the lane at once, as the watch would have if it had
+        judged it (:meth:`_check`): its waiters are turned away and none takes the slot."""
         opened = answered and not self.answering
-        first = self.fresh
-        self.fresh = False
+        probed = self.probing()
         if answered:
             self.last_answer = time.monotonic()
             self.is_stalled = False
@@ -284,7 +286,7 @@ class Lane:
             self.answering = False
             if self.account is not None:
                 self.account.spend()
-            if first and self.waiters and time.monotonic() - self.last_answer >= self.patience:
+            if probed and self.waiters and time.monotonic() - self.last_answer >= self.patience:
                 self.is_stalled = True
                 self.active -= 1
                 asyncio.get_running_loop().call_soon(self._turn_away)
@@ -294,8 +296,14 @@ class Lane:
         self._free_slot()
         if opened:
             self.admit()
-        if self.waiters and self.watch is None and not self.is_stalled:
+        if self.waiters and self.watch is None and not (self.is_stalled or self.probing()):
             self._watch(asyncio.get_running_loop())
+
+    def vacate(self) -> None:
+        """Free the slot of an attempt that was cancelled (partitions revoked, shutdown) before
+        it ended: passed on to the first live waiter, nothing judged, no credit spent (the
+        webhook did nothing wrong)."""
+        self._free_slot()
 
     def shed(self) -> int:
         """Turn away the waiters that have waited ``patience`` seconds or more (they are parked):

@@ -108,3 +108,48 @@ def test_cancellation_is_not_swallowed() -> None:
             await task
 
     asyncio.run(main())
+
+
+def test_a_cancelled_delivery_frees_its_slot_without_judging_the_webhook() -> None:
+    """A delivery cancelled mid-attempt (partitions revoked) frees its lane slot and spends none
+    of the webhook's unanswered credit: cancelling says nothing about the receiver."""
+    from prometheus_client import CollectorRegistry
+
+    from bridge.core.envelope import PendingDelivery, SourceRef
+    from bridge.core.webhook import Secret, Webhook
+    from bridge.engine.attempt import Deliverer
+    from bridge.engine.budget import UNANSWERED_BURST, Lanes
+    from bridge.ops.metrics import Metrics
+
+    webhook = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
+    delivery = PendingDelivery(
+        webhook_id="shop",
+        message_id="msg_1",
+        event="transaction.failed",
+        transaction_id="tx-1",
+        body=b"{}",
+        attempt=0,
+        source=SourceRef("tx", 0, 1, 0),
+        key=b"tx-1",
+    )
+
+    class Hanging:
+        async def send(self, _request: DeliveryRequest, _timeout: float) -> Outcome:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    async def main() -> tuple[int, float, bool, bool]:
+        lanes = Lanes(0.001, lambda: False)
+        metrics = Metrics(CollectorRegistry())
+        deliverer = Deliverer(Hanging(), lanes, None, None, metrics)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(deliverer.attempt(delivery, webhook))
+        await asyncio.sleep(0.05)  # under way, well past the patience
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        lane = lanes["shop"]
+        return lane.active, lane.credit, lane.is_stalled, lane.probing()
+
+    active, credit, stalled, probing = asyncio.run(main())
+    assert (active, stalled, probing) == (0, False, True)
+    assert credit == UNANSWERED_BURST, "no credit spent on a cancelled attempt"

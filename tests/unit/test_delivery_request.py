@@ -554,3 +554,42 @@ def test_a_stalled_lane_tries_each_delivery_back_from_the_park_while_a_slot_is_f
     assert asyncio.run(scenario()) == [
         False, True, 0, [True, True, True, True, False], True, True, False, 4
     ]  # fmt: skip
+
+
+def test_a_narrowed_lane_is_judged_by_its_probes_end_not_the_clock() -> None:
+    """A slow but healthy webhook (answers take longer than the patience) whose one attempt went
+    unanswered (a reset) probes with one attempt; its waiters wait for the probe's end, however
+    long, instead of being parked on the clock: answered, the whole limit opens to them;
+    unanswered after the patience, they are turned away and the lane is stalled."""
+
+    async def probe(answered: bool) -> list[object]:
+        lane = answering(Lane(4, patience=0.02))
+        assert await lane.enter() and await lane.enter()
+        lane.release(answered=False)  # a reset: narrowed to one attempt, the other one is it
+        waiting = [asyncio.ensure_future(lane.enter()) for _ in range(3)]
+        await asyncio.sleep(0.1)  # the probe takes five times the patience
+        seen: list[object] = [sum(task.done() for task in waiting), lane.is_stalled]
+        lane.release(answered=answered)
+        results = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+        return [*seen, results, lane.is_stalled, lane.active]
+
+    assert asyncio.run(probe(True)) == [0, False, [True, True, True], False, 3]
+    assert asyncio.run(probe(False)) == [0, False, [False, False, False], True, 0]
+
+
+def test_a_cancelled_attempt_passes_its_slot_on_and_judges_nothing() -> None:
+    """An attempt cancelled before it ended (partitions revoked, shutdown) says nothing about
+    the webhook: its slot goes to the next waiter, no unanswered credit is spent, and a new lane
+    stays new (its next attempt's end decides), with no stall."""
+
+    async def scenario() -> list[object]:
+        lane = Lane(4, patience=0.01)
+        assert await lane.enter()  # the first attempt, cancelled later
+        waiter = asyncio.ensure_future(lane.enter())
+        await asyncio.sleep(0.05)  # past the patience
+        credit = lane.credit
+        lane.vacate()
+        entered = await asyncio.wait_for(waiter, 1.0)
+        return [entered, lane.active, lane.credit == credit, lane.is_stalled, lane.probing()]
+
+    assert asyncio.run(scenario()) == [True, 1, True, False, True]
