@@ -225,6 +225,12 @@ class Lane:
                 self._free_slot()  # handed over as we were cancelled: passed on, nothing judged
             raise
 
+    def _waiting(self) -> bool:
+        """Whether a live delivery waits (cancelled waiters at the head are dropped)."""
+        while self.waiters and self.waiters[0][0].done():
+            self.waiters.popleft()
+        return bool(self.waiters)
+
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch for a stall: :meth:`_check` when the lane would count as stalled unless the
         webhook answers."""
@@ -237,7 +243,7 @@ class Lane:
         longer than the patience, and judged on the clock it was parked for being slow, once
         after each reset; every attempt ends within its timeout), and :meth:`release` judges."""
         self.watch = None
-        if not self.waiters or self.probing():
+        if not self._waiting() or self.probing():
             return
         if time.monotonic() - self.last_answer >= self.patience:
             self.is_stalled = True
@@ -251,30 +257,31 @@ class Lane:
         the patience all at once saturated two cores (the bridge, and the broker writing them)
         and held up the other webhooks' deliveries by up to 100 ms (docs/PERFORMANCE.md). While
         ``hurry()`` (the waiters fill the in-flight limit, so nothing else moves) a batch every
-        turn of the event loop."""
+        turn of the event loop. Each batch asks again: once the webhook answered (or its credit
+        came back) between two batches, the rest wait, watched again, and none more is parked."""
+        loop = asyncio.get_running_loop()
+        if not (self.is_stalled or self.out_of_credit()):
+            if self.waiters and self.watch is None and not self.probing():
+                self._watch(loop)
+            return
         for _ in range(TURN_AWAY_BATCH):
             if not self.waiters:
                 return
             waiter, _came = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(False)
-        if not self.waiters:
-            return
-        loop = asyncio.get_running_loop()
-        refusing = self.is_stalled or self.out_of_credit()
-        if refusing and self.hurry():
-            loop.call_soon(self._turn_away)
-        elif refusing:
-            loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
-        elif self.watch is None:  # it answered meanwhile: the rest wait, watched again
-            self._watch(loop)
+        if self.waiters:
+            if self.hurry():
+                loop.call_soon(self._turn_away)
+            else:
+                loop.call_later(TURN_AWAY_INTERVAL_S, self._turn_away)
 
     def release(self, answered: bool) -> None:
         """Free a slot (to the first live waiter, if any); ``answered`` if an HTTP status came.
         The first answer after silence opens the whole limit to the waiters. A probe that ends
         unanswered after the patience stalls the lane at once, as the watch would have if it had
         judged it (:meth:`_check`): its waiters are turned away and none takes the slot."""
-        opened = answered and not self.answering
+        opened = answered and not (self.answering and not self.is_stalled)
         probed = self.probing()
         if answered:
             self.last_answer = time.monotonic()
@@ -286,7 +293,7 @@ class Lane:
             self.answering = False
             if self.account is not None:
                 self.account.spend()
-            if probed and self.waiters and time.monotonic() - self.last_answer >= self.patience:
+            if probed and self._waiting() and time.monotonic() - self.last_answer >= self.patience:
                 self.is_stalled = True
                 self.active -= 1
                 asyncio.get_running_loop().call_soon(self._turn_away)
@@ -302,7 +309,10 @@ class Lane:
     def vacate(self) -> None:
         """Free the slot of an attempt that was cancelled (partitions revoked, shutdown) before
         it ended: passed on to the first live waiter, nothing judged, no credit spent (the
-        webhook did nothing wrong)."""
+        webhook did nothing wrong). A probe's time is not held against the next one: the
+        patience starts again for the attempt that takes its slot."""
+        if self.probing():
+            self.last_answer = time.monotonic()
         self._free_slot()
 
     def shed(self) -> int:
