@@ -160,8 +160,16 @@ class Lane:
 
     def refusing(self) -> bool:
         """Whether a new delivery would be parked without a request: the webhook is out of credit,
-        or stalled with no slot free (a free slot of a stalled lane takes the delivery)."""
-        return self.out_of_credit() or (self.is_stalled and self.active >= self.room())
+        or stalled with no slot free (a free slot of a stalled lane takes the delivery), or its
+        probe has gone unanswered for the patience (see :meth:`stalled`)."""
+        if self.out_of_credit():
+            return True
+        if self.active < self.room():
+            return False
+        return self.is_stalled or (self.probing() and self._silent_for_patience())
+
+    def _silent_for_patience(self) -> bool:
+        return time.monotonic() - self.last_answer >= self.patience
 
     def out_of_credit(self) -> bool:
         """Whether the webhook has spent its unanswered budget, or is not answering and its
@@ -205,10 +213,18 @@ class Lane:
         return False
 
     def stalled(self) -> bool:
-        """Stalled before, and not answered since; or every slot taken and no answer for
-        ``patience`` seconds (never while a probe is under way: see :meth:`_check`)."""
-        if not self.is_stalled and not self.probing() and self.active >= self.room():
-            self.is_stalled = time.monotonic() - self.last_answer >= self.patience
+        """Whether a delivery that finds no slot free must not wait: the lane is stalled (before,
+        and not answered since; or every slot taken and no answer for ``patience`` seconds).
+        While it probes, a newcomer does not wait for a probe that has gone unanswered for the
+        patience either (without it a hung webhook's deliveries piled up for its whole timeout,
+        holding the in-flight budget, where the watch used to turn them away after half of it),
+        but the lane is not judged on the clock: the probe's end decides (:meth:`_check`), for
+        the deliveries already waiting too."""
+        if self.is_stalled or self.active < self.room():
+            return self.is_stalled
+        if self.probing():
+            return self._silent_for_patience()
+        self.is_stalled = self._silent_for_patience()
         return self.is_stalled
 
     async def acquire(self) -> bool:
@@ -245,7 +261,7 @@ class Lane:
         self.watch = None
         if not self._waiting() or self.probing():
             return
-        if time.monotonic() - self.last_answer >= self.patience:
+        if self._silent_for_patience():
             self.is_stalled = True
             self._turn_away()
             return
@@ -293,7 +309,7 @@ class Lane:
             self.answering = False
             if self.account is not None:
                 self.account.spend()
-            if probed and self._waiting() and time.monotonic() - self.last_answer >= self.patience:
+            if probed and self._waiting() and self._silent_for_patience():
                 self.is_stalled = True
                 self.active -= 1
                 asyncio.get_running_loop().call_soon(self._turn_away)

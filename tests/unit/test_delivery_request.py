@@ -499,7 +499,8 @@ def test_a_lane_never_exceeds_its_room_and_never_leaves_a_slot_idle(
 
 def test_a_new_lane_waits_for_its_first_attempts_end_past_the_patience() -> None:
     """A new webhook's first answer may take longer than the patience: its waiters wait for
-    that attempt's end. Answered, the limit opens; unanswered, the lane is judged at once (no
+    that attempt's end (a newcomer past the patience is parked instead of joining them, but the
+    lane is not judged). Answered, the limit opens; unanswered, the lane is judged at once (no
     answer for the patience: stalled, every waiter turned away, none of them tried)."""
 
     async def first_attempt(answered: bool) -> list[object]:
@@ -507,13 +508,14 @@ def test_a_new_lane_waits_for_its_first_attempts_end_past_the_patience() -> None
         assert await lane.enter()  # the first attempt: slower than the patience
         waiting = [asyncio.ensure_future(lane.enter()) for _ in range(3)]
         await asyncio.sleep(0.1)  # five times the patience
-        seen: list[object] = [sum(task.done() for task in waiting), lane.stalled()]
+        seen: list[object] = [sum(task.done() for task in waiting), lane.is_stalled]
+        seen += [lane.refusing(), await lane.enter()]  # a newcomer: parked, not waiting
         lane.release(answered=answered)
         results = await asyncio.wait_for(asyncio.gather(*waiting), 5)
-        return [*seen, results, lane.is_stalled]
+        return [*seen, results, lane.is_stalled, lane.refusing()]
 
-    assert asyncio.run(first_attempt(True)) == [0, False, [True, True, True], False]
-    assert asyncio.run(first_attempt(False)) == [0, False, [False, False, False], True]
+    assert asyncio.run(first_attempt(True)) == [0, False, True, False, [True] * 3, False, False]
+    assert asyncio.run(first_attempt(False)) == [0, False, True, False, [False] * 3, True, False]
 
 
 def test_a_raised_limit_admits_no_waiter_to_a_stalled_lane() -> None:

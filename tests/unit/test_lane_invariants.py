@@ -162,6 +162,7 @@ def explore(seed: int, clock: Clock) -> list[str]:
         lane = Lane(rng.randint(1, 5), patience=patience, account=budget.AccountCredit())
         under_way: list[object] = []
         pending: list[asyncio.Task[bool]] = []
+        refused_at_entry: set[asyncio.Task[bool]] = set()  # the lane refused newcomers then
 
         def collect(step: int, op: str) -> None:
             started = 0
@@ -172,7 +173,12 @@ def explore(seed: int, clock: Clock) -> list[str]:
                 if task.result():
                     under_way.append(task)
                     started += 1
-                elif not (op == "shed" or lane.is_stalled or lane.out_of_credit()):
+                elif not (
+                    op == "shed"
+                    or task in refused_at_entry
+                    or lane.is_stalled
+                    or lane.out_of_credit()
+                ):
                     violations.append(f"{step} {op}: parked while not stalled, credit ok")
             if started and lane.active > lane.room():
                 violations.append(f"{step} {op}: started past room {lane.active}>{lane.room()}")
@@ -190,7 +196,10 @@ def explore(seed: int, clock: Clock) -> list[str]:
             op = "tick"
             if roll < 0.35:
                 op = "enter"
+                refused = lane.refusing()
                 pending.append(asyncio.ensure_future(lane.enter()))
+                if refused:
+                    refused_at_entry.add(pending[-1])
             elif roll < 0.6 and under_way:
                 op = "release"
                 under_way.pop(rng.randrange(len(under_way)))
