@@ -75,6 +75,13 @@ class PendingDelivery:
     deferrals: int = 0
     also: tuple[str, ...] = ()  # other webhooks parked in the same record (same event, attempt)
 
+    @property
+    def came_back(self) -> bool:
+        """Whether the delivery was tried or parked before (it comes from a retry rung or the
+        parking topic, not from its record): a stalled webhook still tries it while a slot is
+        free (:meth:`bridge.engine.budget.Lane.room`)."""
+        return self.attempt > 0 or self.deferrals > 0
+
     def next(
         self, attempt: int, due_ms: int, status: int | None, error: str, deferred: bool = False
     ) -> PendingDelivery:

@@ -125,7 +125,7 @@ class Deliverer:
     async def attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:
         """One attempt, then its consequence: received, next rung, parked or dead letter."""
         lane = self.lanes.of(webhook)
-        if not await lane.enter():
+        if not await lane.enter(delivery.came_back):
             await self.recovery.park([delivery])  # no request made, no attempt spent
             return
         answered: bool | None = None  # None: cancelled before the attempt ended

@@ -27,10 +27,10 @@ attempt at a time, a probe, until it answers; then its whole limit opens at once
 neighbour's new or failing webhooks each started up to their limit of attempts at the same
 moment, before any had failed (32 connections apiece at the default), and the healthy webhooks'
 slowest deliveries all fell in that onset (docs/PERFORMANCE.md). A webhook that answers pays one
-round trip of slow start; one that does not costs one connection at a time until it is judged
-stalled. A stalled webhook's deliveries no longer wait at all (they are parked), so its lane has
-its limit again: each delivery that comes back from the parking topic is tried if a slot is free
-(see :meth:`Lane.room`).
+round trip of slow start; one that does not costs one connection at a time. Judged stalled, it
+keeps one probe at a time for new deliveries, but a delivery that comes back (from the parking
+topic or a retry rung) is tried whenever one of its whole limit of slots is free, so every
+delivery still gets the attempts account holders are promised (see :meth:`Lane.room`).
 """
 
 from __future__ import annotations
@@ -95,10 +95,11 @@ class Lane:
     only starts when a slot is free and never waits. One timer per lane watches for a stall,
     however many deliveries wait.
 
-    The lane's room (:meth:`room`) is its limit while the webhook's last attempt was answered
-    and while it is stalled; a new lane, and one whose last attempt got no HTTP status, has room
-    for one attempt at a time until an answer opens the whole limit to its waiters or the lane
-    is judged stalled (see the module's text).
+    The lane's room (:meth:`room`) is its limit while the webhook's last attempt was answered; a
+    new lane, and one whose last attempt got no HTTP status, has room for one attempt at a time
+    (a probe, whose end judges the lane) until an answer opens the whole limit to its waiters.
+    Stalled, it has its limit again for deliveries that come back from the parking topic or a
+    retry rung (see the module's text).
 
     Waiting is also refused when the webhook's unanswered credit is spent (the waiters are turned
     away as the credit runs out), and, while the in-flight limit holds everyone up, to a delivery
@@ -147,24 +148,29 @@ class Lane:
         :meth:`_check`)."""
         return not (self.answering or self.is_stalled)
 
-    def room(self) -> int:
+    def room(self, came_back: bool = False) -> int:
         """How many attempts may be under way at once: the webhook's limit while its last attempt
         was answered, one (a probe) while it is not answering (new, or silent since its last
-        attempt) and not yet judged stalled. A stalled lane has its limit again, but nobody waits
-        for it: its deliveries come back from the parking topic and each is tried only if a slot
-        is free, within the unanswered credit, so every delivery still gets the attempts account
-        holders are promised, and what a stalled webhook costs stays bounded by the park delay
-        and the credit (one probe at a time there re-parked all but one delivery a park delay,
-        and a dead webhook's deliveries were dead-lettered after their parks, never tried)."""
-        return self.limit if self.answering or self.is_stalled else 1
+        attempt). A stalled lane (nobody waits for it) has its limit again for a delivery that
+        ``came_back`` from the parking topic or a retry rung: each is tried if a slot is free,
+        within the unanswered credit, so every delivery still gets the attempts account holders
+        are promised (one probe at a time for them too re-parked all but one every park delay,
+        and a dead webhook's deliveries were dead-lettered after their parks, never tried; a
+        stalled lane's whole limit for new deliveries too let a hung neighbour hold 32
+        connections at a time, and the healthy webhooks' p99 beside it was 2-3 times higher:
+        docs/PERFORMANCE.md). What they cost is spread by the park delay and bounded by the
+        credit."""
+        if self.answering or (came_back and self.is_stalled):
+            return self.limit
+        return 1
 
-    def refusing(self) -> bool:
-        """Whether a new delivery would be parked without a request: the webhook is out of credit,
-        or stalled with no slot free (a free slot of a stalled lane takes the delivery), or its
-        probe has gone unanswered for the patience (see :meth:`stalled`)."""
+    def refusing(self, came_back: bool = False) -> bool:
+        """Whether a delivery would be parked without a request: the webhook is out of credit, or
+        stalled with no slot free for it (:meth:`room`), or its probe has gone unanswered for the
+        patience (see :meth:`stalled`)."""
         if self.out_of_credit():
             return True
-        if self.active < self.room():
+        if self.active < self.room(came_back):
             return False
         return self.is_stalled or (self.probing() and self._silent_for_patience())
 
@@ -190,22 +196,22 @@ class Lane:
         self.credit_at = now
         return self.credit
 
-    async def enter(self) -> bool:
+    async def enter(self, came_back: bool = False) -> bool:
         """Take a slot for one attempt, waiting while the webhook keeps answering; False when the
         delivery is to be parked instead: the webhook is stalled or out of unanswered credit
-        (also when the credit ran out while it waited)."""
+        (also when the credit ran out while it waited). ``came_back``: see :meth:`room`."""
         if self.out_of_credit():
             return False
-        if not self.try_acquire() and (self.stalled() or not await self.acquire()):
+        if not self.try_acquire(came_back) and (self.stalled() or not await self.acquire()):
             return False
         if self.out_of_credit():
             self._free_slot()
             return False
         return True
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, came_back: bool = False) -> bool:
         """Take a slot at once if one is free and nobody is waiting."""
-        if self.active < self.room() and not self.waiters:
+        if self.active < self.room(came_back) and not self.waiters:
             if self.active == 0 and not self.is_stalled:
                 self.last_answer = time.monotonic()  # an idle lane is not a stalled one
             self.active += 1
@@ -420,10 +426,10 @@ class Lanes(dict[str, Lane]):
         """How long a full lane of ``webhook`` may go without an answer before it is stalled."""
         return max(self.stall_patience, webhook.timeout_seconds / 2)
 
-    def refusing(self, webhook_id: str) -> bool:
-        """Whether a new delivery to the webhook would be parked now (:meth:`Lane.refusing`)."""
+    def refusing(self, webhook_id: str, came_back: bool = False) -> bool:
+        """Whether a delivery to the webhook would be parked now (:meth:`Lane.refusing`)."""
         lane = self.get(webhook_id)
-        return lane is not None and lane.refusing()
+        return lane is not None and lane.refusing(came_back)
 
     def reconfigure(self, subscriptions: Subscriptions) -> None:
         """Give the existing lanes the limit and patience of their webhook's new settings

@@ -118,7 +118,7 @@ class Dispatcher:
         go: list[tuple[PendingDelivery, Webhook]] = []
         park: list[PendingDelivery] = []
         for delivery, webhook in wanted:
-            if self.lanes.refusing(webhook.id):
+            if self.lanes.refusing(webhook.id, delivery.came_back):
                 park.append(delivery)
             else:
                 go.append((delivery, webhook))

@@ -535,9 +535,10 @@ def test_a_raised_limit_admits_no_waiter_to_a_stalled_lane() -> None:
 
 
 def test_a_stalled_lane_tries_each_delivery_back_from_the_park_while_a_slot_is_free() -> None:
-    """Once stalled nothing waits for a webhook, so the narrowing to one probe ends: deliveries
-    back from the parking topic each take a free slot, up to the limit (each gets its attempts),
-    and the next is refused at once, never waiting; an answer ends the stall."""
+    """Once stalled nothing waits for a webhook. A new delivery still gets one probe at a time;
+    one that comes back (parking topic, retry rung) takes any free slot, up to the limit, so
+    each delivery gets its attempts; the next is refused at once, never waiting; an answer ends
+    the stall."""
 
     async def scenario() -> list[object]:
         lane = Lane(4, patience=0.01)
@@ -547,14 +548,15 @@ def test_a_stalled_lane_tries_each_delivery_back_from_the_park_while_a_slot_is_f
         lane.release(answered=False)  # unanswered: stalled at once, the waiter is parked
         await asyncio.wait_for(waiter, 1.0)
         seen: list[object] = [waiter.result(), lane.is_stalled, lane.active]
-        back = [lane.try_acquire() for _ in range(5)]  # back from the park, all at once
-        seen += [back, lane.refusing(), lane.stalled()]
+        new = [lane.try_acquire() for _ in range(2)]  # new deliveries: one probe
+        back = [lane.try_acquire(came_back=True) for _ in range(4)]  # back from the park
+        seen += [new, back, lane.refusing(), lane.refusing(came_back=True), lane.stalled()]
         lane.release(answered=True)  # one of them is answered: the stall ends
         seen += [lane.is_stalled, lane.room()]
         return seen
 
     assert asyncio.run(scenario()) == [
-        False, True, 0, [True, True, True, True, False], True, True, False, 4
+        False, True, 0, [True, False], [True, True, True, False], True, True, True, False, 4
     ]  # fmt: skip
 
 

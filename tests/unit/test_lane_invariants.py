@@ -122,7 +122,7 @@ def test_a_cancelled_waiter_judges_nothing(clock: Clock, cancel_waiter: bool) ->
         await settle()
         if not waiter.done():
             waiter.cancel()
-        return lane.is_stalled, lane.room()
+        return lane.is_stalled, lane.room(came_back=True)
 
     stalled, room = run(clock, scenario())
     if cancel_waiter:  # it was (True, 4): stalled by a delivery that no longer existed
@@ -163,9 +163,11 @@ def explore(seed: int, clock: Clock) -> list[str]:
         under_way: list[object] = []
         pending: list[asyncio.Task[bool]] = []
         refused_at_entry: set[asyncio.Task[bool]] = set()  # the lane refused newcomers then
+        came_back: set[asyncio.Task[bool]] = set()  # from the parking topic or a retry rung
 
         def collect(step: int, op: str) -> None:
             started = 0
+            started_back = False
             for task in [t for t in pending if t.done()]:
                 pending.remove(task)
                 if task.cancelled():
@@ -173,6 +175,7 @@ def explore(seed: int, clock: Clock) -> list[str]:
                 if task.result():
                     under_way.append(task)
                     started += 1
+                    started_back = started_back or task in came_back
                 elif not (
                     op == "shed"
                     or task in refused_at_entry
@@ -180,8 +183,9 @@ def explore(seed: int, clock: Clock) -> list[str]:
                     or lane.out_of_credit()
                 ):
                     violations.append(f"{step} {op}: parked while not stalled, credit ok")
-            if started and lane.active > lane.room():
-                violations.append(f"{step} {op}: started past room {lane.active}>{lane.room()}")
+            room = lane.room(came_back=started_back)
+            if started and lane.active > room:
+                violations.append(f"{step} {op}: started past room {lane.active}>{room}")
             if lane.active != len(under_way):
                 violations.append(f"{step} {op}: active {lane.active} != {len(under_way)}")
             live = [t for t in pending if not t.done()]
@@ -196,10 +200,13 @@ def explore(seed: int, clock: Clock) -> list[str]:
             op = "tick"
             if roll < 0.35:
                 op = "enter"
-                refused = lane.refusing()
-                pending.append(asyncio.ensure_future(lane.enter()))
+                back = rng.random() < 0.3
+                refused = lane.refusing(back)
+                pending.append(asyncio.ensure_future(lane.enter(back)))
                 if refused:
                     refused_at_entry.add(pending[-1])
+                if back:
+                    came_back.add(pending[-1])
             elif roll < 0.6 and under_way:
                 op = "release"
                 under_way.pop(rng.randrange(len(under_way)))
