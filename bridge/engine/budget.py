@@ -238,8 +238,7 @@ class Lane:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append((waiter, time.monotonic()))
-        if self.watch is None and not self.probing():
-            self._watch(loop)
+        self._watch_waiters()
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -252,6 +251,13 @@ class Lane:
         while self.waiters and self.waiters[0][0].done():
             self.waiters.popleft()
         return bool(self.waiters)
+
+    def _watch_waiters(self) -> None:
+        """Arm the stall watch if deliveries wait and nothing watches them yet, while the lane is
+        judged on the clock: answering and not stalled (a probing lane is judged by its probe's
+        end, a stalled one has nobody waiting)."""
+        if self.waiters and self.watch is None and self.answering and not self.is_stalled:
+            self._watch(asyncio.get_running_loop())
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch for a stall: :meth:`_check` when the lane would count as stalled unless the
@@ -281,10 +287,8 @@ class Lane:
         ``hurry()`` (the waiters fill the in-flight limit, so nothing else moves) a batch every
         turn of the event loop. Each batch asks again: once the webhook answered (or its credit
         came back) between two batches, the rest wait, watched again, and none more is parked."""
-        loop = asyncio.get_running_loop()
         if not (self.is_stalled or self.out_of_credit()):
-            if self.waiters and self.watch is None and not self.probing():
-                self._watch(loop)
+            self._watch_waiters()
             return
         for _ in range(TURN_AWAY_BATCH):
             if not self.waiters:
@@ -293,6 +297,7 @@ class Lane:
             if not waiter.done():
                 waiter.set_result(False)
         if self.waiters:
+            loop = asyncio.get_running_loop()
             if self.hurry():
                 loop.call_soon(self._turn_away)
             else:
@@ -325,8 +330,7 @@ class Lane:
         self._free_slot()
         if opened:
             self.admit()
-        if self.waiters and self.watch is None and not (self.is_stalled or self.probing()):
-            self._watch(asyncio.get_running_loop())
+        self._watch_waiters()
 
     def vacate(self) -> None:
         """Free the slot of an attempt that was cancelled (partitions revoked, shutdown) before
@@ -380,7 +384,7 @@ class Lane:
         return {
             "active": self.active,
             "limit": self.limit,
-            "probing": not (self.answering or self.is_stalled),
+            "probing": self.probing(),
             "waiting": sum(1 for waiter, _came in self.waiters if not waiter.done()),
             "stalled": self.is_stalled,
             "credit": round(credit, 1),

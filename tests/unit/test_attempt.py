@@ -7,14 +7,20 @@ import contextlib
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from bridge.core.envelope import PendingDelivery, SourceRef
+from bridge.core.webhook import Secret, Webhook
 from bridge.engine.attempt import (
     ATTEMPT_GRACE_S,
     DEADLINE_EXCEEDED,
     INTERNAL_ERROR,
+    Deliverer,
     guarded_attempt,
 )
+from bridge.engine.budget import UNANSWERED_BURST, Lanes
 from bridge.http.sender import DeliveryRequest, Outcome
+from bridge.ops.metrics import Metrics
 
 REQUEST = DeliveryRequest("https://example.com/hook", {"x-service-secret": "s3cr3t-value"}, b"{}")
 
@@ -113,14 +119,6 @@ def test_cancellation_is_not_swallowed() -> None:
 def test_a_cancelled_delivery_frees_its_slot_without_judging_the_webhook() -> None:
     """A delivery cancelled mid-attempt (partitions revoked) frees its lane slot and spends none
     of the webhook's unanswered credit: cancelling says nothing about the receiver."""
-    from prometheus_client import CollectorRegistry
-
-    from bridge.core.envelope import PendingDelivery, SourceRef
-    from bridge.core.webhook import Secret, Webhook
-    from bridge.engine.attempt import Deliverer
-    from bridge.engine.budget import UNANSWERED_BURST, Lanes
-    from bridge.ops.metrics import Metrics
-
     webhook = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
     delivery = PendingDelivery(
         webhook_id="shop",
