@@ -14,8 +14,11 @@ from bridge.core.webhook import Secret, Webhook
 from bridge.engine.attempt import (
     ATTEMPT_GRACE_S,
     DEADLINE_EXCEEDED,
+    DEADLINE_TICK_S,
     INTERNAL_ERROR,
+    Deadlines,
     Deliverer,
+    Send,
     guarded_attempt,
 )
 from bridge.engine.budget import UNANSWERED_BURST, Lanes
@@ -151,3 +154,108 @@ def test_a_cancelled_delivery_frees_its_slot_without_judging_the_webhook() -> No
     active, credit, stalled, probing = asyncio.run(main())
     assert (active, stalled, probing) == (0, False, True)
     assert credit == UNANSWERED_BURST, "no credit spent on a cancelled attempt"
+
+
+# ---- the outer deadlines: one timer per tick for every attempt ------------------------------
+
+
+def test_each_attempt_ends_within_a_tick_of_its_own_limit_and_the_others_are_untouched() -> None:
+    """Attempts of several timeouts, started at different moments on one Deadlines: each one that
+    never answers ends between its limit and a tick after; one answering just before its limit
+    keeps its outcome; tasks that go on after an answered attempt are never cancelled."""
+
+    async def answers_after(delay: float) -> Send:
+        async def send(_request: DeliveryRequest, _timeout: float) -> Outcome:
+            await asyncio.sleep(delay)
+            return Outcome(204, "", delay)
+
+        return send
+
+    async def main() -> list[tuple[str, float, float, bool]]:
+        deadlines = Deadlines()
+        loop = asyncio.get_running_loop()
+
+        async def one(send: Send, timeout: float, after: float) -> tuple[str, float, float, bool]:
+            await asyncio.sleep(after)
+            started = loop.time()
+            outcome = await guarded_attempt(send, lambda: REQUEST, timeout, print, dict, deadlines)
+            took = loop.time() - started
+            try:  # the task goes on: a watch that was stopped never cancels it
+                await asyncio.sleep(timeout + ATTEMPT_GRACE_S + 2 * DEADLINE_TICK_S)
+                cancelled_later = False
+            except asyncio.CancelledError:
+                cancelled_later = True
+            return outcome.error or str(outcome.status), took, timeout, cancelled_later
+
+        jobs = [
+            one(never_answers, t, after) for t, after in ((0.05, 0.0), (0.3, 0.07), (0.6, 0.13))
+        ]
+        jobs += [one(await answers_after(0.2), 0.05, 0.01)]  # answers past its timeout, in limit
+        jobs += [one(await answers_after(0.01), 0.05, 0.02)]
+        return list(await asyncio.gather(*jobs))
+
+    results = asyncio.run(main())
+    for error, took, timeout, cancelled_later in results:
+        assert not cancelled_later
+        if error == DEADLINE_EXCEEDED:
+            limit = timeout + ATTEMPT_GRACE_S
+            assert limit - 0.01 <= took <= limit + DEADLINE_TICK_S + 0.2, (took, timeout)
+        else:
+            assert error == "204"
+    assert [r[0] for r in results] == [DEADLINE_EXCEEDED] * 3 + ["204", "204"]
+
+
+def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline() -> None:
+    """A task cancelled by someone else (partitions revoked) while its deadline also fires is
+    cancelled: the CancelledError goes on to the caller, never becomes a deadline outcome."""
+
+    async def main() -> bool:
+        deadlines = Deadlines()
+        errors: list[str] = []
+
+        async def attempt() -> Outcome:
+            return await guarded_attempt(
+                never_answers, lambda: REQUEST, 0.0, errors.append, dict, deadlines
+            )
+
+        task = asyncio.ensure_future(attempt())
+        await asyncio.sleep(0)
+        watch = next(iter(next(iter(deadlines._buckets.values()))))
+        deadlines._expire(task.get_loop(), watch.tick)  # the deadline fires...
+        task.cancel()  # ...and the partition is revoked at the same moment
+        try:
+            await task
+        except asyncio.CancelledError:
+            return not errors
+        return False
+
+    assert asyncio.run(main())
+
+
+def test_deadlines_move_to_a_new_loop_and_ignore_the_old_ones_timers() -> None:
+    """One Deadlines used on one loop, then another (as asyncio.run does in tests): a timer left
+    on the first loop never ends an attempt of the second."""
+    deadlines = Deadlines()
+
+    async def first() -> None:
+        async def short() -> Outcome:
+            return await guarded_attempt(answers_204, lambda: REQUEST, 0.0, print, dict, deadlines)
+
+        await short()
+
+    asyncio.run(first())  # leaves a bucket and its timer behind on a closed loop
+
+    async def second() -> Outcome:
+        task = asyncio.current_task()
+        assert task is not None
+        watch = deadlines.start(3600.0)
+        other = asyncio.new_event_loop()
+        try:
+            deadlines._expire(other, watch.tick)  # a timer of another loop
+        finally:
+            other.close()
+        assert not watch.fired and task.cancelling() == 0
+        assert not deadlines.stop(watch)
+        return await guarded_attempt(answers_204, lambda: REQUEST, 0.2, print, dict, deadlines)
+
+    assert asyncio.run(second()).status == 204
