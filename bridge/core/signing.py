@@ -43,8 +43,35 @@ def message_id(transaction_id: str, event: str, webhook_id: str) -> str:
     ``transaction_id + "\\n" + event + "\\n" + webhook_id`` (32 characters after the prefix).
     """
     material = f"{transaction_id}\n{event}\n{webhook_id}".encode()
-    digest = hashlib.sha256(material).digest()[:20]
-    return "msg_" + base64.b32encode(digest).decode("ascii").lower()
+    n = int.from_bytes(hashlib.sha256(material).digest()[:20], "big")  # 160 bits: 32 characters
+    p = _BASE32_PAIRS  # base64.b32encode is pure Python: this is 3 µs of a delivery's CPU less
+    return "".join(
+        (
+            "msg_",
+            p[n >> 150],
+            p[(n >> 140) & 1023],
+            p[(n >> 130) & 1023],
+            p[(n >> 120) & 1023],
+            p[(n >> 110) & 1023],
+            p[(n >> 100) & 1023],
+            p[(n >> 90) & 1023],
+            p[(n >> 80) & 1023],
+            p[(n >> 70) & 1023],
+            p[(n >> 60) & 1023],
+            p[(n >> 50) & 1023],
+            p[(n >> 40) & 1023],
+            p[(n >> 30) & 1023],
+            p[(n >> 20) & 1023],
+            p[(n >> 10) & 1023],
+            p[n & 1023],
+        )
+    )
+
+
+_BASE32_PAIRS: Final = tuple(
+    a + b for a in "abcdefghijklmnopqrstuvwxyz234567" for b in "abcdefghijklmnopqrstuvwxyz234567"
+)
+"""The lowercase RFC 4648 base32 of every 10-bit value (two characters), by value."""
 
 
 def standard_webhooks_key(secret: bytes) -> bytes:

@@ -24,6 +24,8 @@ import hmac
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
@@ -215,3 +217,19 @@ def test_standard_webhooks_key() -> None:
     for bad in (b"whsec_", b"whsec_%%%"):
         with pytest.raises(ValueError, match="whsec_"):
             standard_webhooks_key(bad)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)))  # any text that has a UTF-8
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TEXT, st.sampled_from(["transaction.success", "transaction.failed"]), _TEXT)
+def test_message_id_is_the_documented_base32_of_the_digest(
+    transaction_id: str, event: str, webhook_id: str
+) -> None:
+    """The table-driven encoding gives exactly RFC 4648 base32 (lowercase, unpadded) of the first
+    20 bytes of the SHA-256, as documented, for any input."""
+    material = f"{transaction_id}\n{event}\n{webhook_id}"
+    digest = hashlib.sha256(material.encode()).digest()[:20]
+    expected = "msg_" + base64.b32encode(digest).decode("ascii").lower()
+    assert message_id(transaction_id, event, webhook_id) == expected
