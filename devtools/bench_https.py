@@ -271,13 +271,18 @@ def rss_mb(pid: int) -> float:
 # ---- scenarios ---------------------------------------------------------------------------------
 
 
+LOOPS = ("uvloop", "asyncio")
+"""The event loops, and so the TLS layers, the raw loops are measured on: uvloop's own TLS
+transport (the bridge's loop) and asyncio's (``sslproto``, the standard loop's)."""
+
+
 def scenario_raw_https(
-    receiver: TlsReceiver, count: int, body: bytes, close: bool, client: str
+    receiver: TlsReceiver, count: int, body: bytes, close: bool, client: str, loop: str = "uvloop"
 ) -> dict[str, Any]:
-    """A tight loop POSTing ``body`` over TLS with the bridge's concurrency on uvloop, with the
-    bridge's own HTTP client (``client="bridge"``, TLS sessions resumed as in the bridge) or aiohttp
-    (``"aiohttp"``, no resumption: asyncio's transports offer none). Requests/s and this process's
-    CPU seconds per 1,000 requests."""
+    """A tight loop POSTing ``body`` over TLS with the bridge's concurrency, with the bridge's own
+    HTTP client (``client="bridge"``, TLS sessions resumed as in the bridge) or aiohttp
+    (``"aiohttp"``, no resumption), on ``loop`` (one of :data:`LOOPS`: uvloop's TLS transport or
+    asyncio's). Requests/s and this process's CPU seconds per 1,000 requests."""
     import uvloop
 
     url = receiver.url(connection_path(close, f"raw-{client}"))
@@ -324,15 +329,24 @@ def scenario_raw_https(
 
             await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
-    loops = {"bridge": with_bridge_client, "aiohttp": with_aiohttp}
+    clients = {"bridge": with_bridge_client, "aiohttp": with_aiohttp}
+    runners = {"uvloop": uvloop.run, "asyncio": asyncio.run}
+    ran_on = ""
+
+    async def measured() -> None:
+        nonlocal ran_on  # the loop it really ran on ("uvloop.Loop" is uvloop's, else asyncio's)
+        ran_on = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        await clients[client]()
+
     cpu = time.process_time()
     started = time.perf_counter()
-    uvloop.run(loops[client]())
+    runners[loop](measured())
     elapsed = time.perf_counter() - started
     cpu = time.process_time() - cpu
     receiver.stage.dump()
     return {
         "client": client,
+        "loop": ran_on,
         "connection": "close" if close else "keep-alive",
         "requests": count,
         "requests_per_s": round(count / elapsed),
@@ -344,8 +358,10 @@ def scenario_raw_https(
 def raw_https_ceiling(
     receiver: TlsReceiver, count: int, body: bytes, close: bool, rounds: int
 ) -> dict[str, Any]:
-    """The raw HTTPS ceiling: each available client ``rounds`` times (alternately), summarised per
-    client; the ceiling (``requests_per_s``) is the best client's median."""
+    """The raw HTTPS ceiling: each available client on each of :data:`LOOPS` ``rounds`` times
+    (alternately), summarised per client and loop (``bridge`` and ``aiohttp`` on uvloop,
+    ``bridge-asyncio`` and ``aiohttp-asyncio`` on asyncio's loop: the TLS layers the bridge could
+    use behind its client); the ceiling (``requests_per_s``) is the best one's median."""
     clients = ["bridge"]
     try:
         import aiohttp  # noqa: F401
@@ -353,10 +369,13 @@ def raw_https_ceiling(
         clients.append("aiohttp")
     except ImportError:
         pass
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
+    runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for name in clients:
-            runs[name].append(scenario_raw_https(receiver, count, body, close, name))
+            for loop in LOOPS:
+                key = name if loop == "uvloop" else f"{name}-{loop}"
+                one = scenario_raw_https(receiver, count, body, close, name, loop)
+                runs.setdefault(key, []).append(one)
     per_client = {}
     for name, done in runs.items():
         summary = with_spread(done, RAW_KEYS)

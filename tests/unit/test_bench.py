@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from typing import Any
@@ -276,6 +277,34 @@ def test_https_webhooks_trust_the_run_ca_by_configuration(tmp_path: Any) -> None
     assert hook["tls_ca_file"] == str(tmp_path / "ca.pem")
     assert connection_path(False, "x") == "/ok/x"
     assert receiver.port != receiver.stage.receiver_port
+
+
+@pytest.mark.parametrize("close", [False, True])
+def test_the_raw_https_loops_run_on_both_tls_layers_against_a_real_receiver(
+    tmp_path: Any, close: bool
+) -> None:
+    """The raw ceiling is measured for the bridge's client on uvloop's TLS transport and on
+    asyncio's (the layers the bridge could use): each loop really runs on its loop and every one
+    of its requests reaches the benchmark's TLS receiver."""
+    from bridge.core.mapping import to_notification
+    from devtools.bench_https import LOOPS, TlsReceiver, make_certificates, scenario_raw_https
+    from devtools.samples import make_record
+
+    stage = Stage("127.0.0.1:9", tmp_path)
+    receiver = TlsReceiver(stage, make_certificates(tmp_path / "tls"))
+    receiver.start(0)
+    body = to_notification(make_record("tx-raw", "acct")).body
+    try:
+        for loop in LOOPS:
+            result = scenario_raw_https(receiver, 40, body, close, "bridge", loop)
+            assert (result["loop"], result["requests"]) == (loop, 40)
+            assert result["requests_per_s"] > 0 and result["cpu_per_1000_s"] > 0
+            # the scenario ends with the receiver's dump: its log holds this run's requests
+            log = (tmp_path / "receiver.jsonl").read_text().splitlines()
+            answered = [json.loads(line) for line in log]
+            assert len(answered) == 40 and {entry[3] for entry in answered} == {200}
+    finally:
+        stage.stop_receiver()
 
 
 def test_https_rounds_keep_their_median_spread_and_rounds() -> None:
