@@ -25,6 +25,7 @@ import logging
 import math
 import time
 import traceback
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -45,6 +46,8 @@ ATTEMPT_GRACE_S: Final = 1.0
 """How far past its own timeout an attempt may run before the engine ends it."""
 DEADLINE_TICK_S: Final = 0.25
 """The resolution of the outer deadline: an attempt is ended at most this long after its limit."""
+MAX_LIMIT_S: Final = 86_400.0
+"""The longest outer deadline (webhook timeouts are at most 300 s)."""
 
 DEADLINE_EXCEEDED: Final = "deadline_exceeded"
 INTERNAL_ERROR: Final = "internal_error"
@@ -55,63 +58,75 @@ Send = Callable[[DeliveryRequest, float], Awaitable[Outcome]]
 class _Watch:
     """One attempt's outer deadline: its task, cancelled if the deadline passes first."""
 
-    __slots__ = ("cancelling", "fired", "task", "tick")
+    __slots__ = ("bucket", "cancelling", "fired", "task")
 
-    def __init__(self, task: asyncio.Task[Any], tick: int) -> None:
+    def __init__(self, task: asyncio.Task[Any], bucket: set[_Watch]) -> None:
         self.task = task
-        self.tick = tick  # the bucket it is in
+        self.bucket = bucket  # the watches of its tick, on its task's loop
         self.cancelling = task.cancelling()  # cancellations asked for before the watch began
         self.fired = False
 
 
+_Buckets = dict[int, set[_Watch]]
+"""The watches of one event loop, by tick."""
+
+
 class Deadlines:
-    """The outer deadlines of the attempts on one event loop, on one timer per tick.
+    """The outer deadlines of attempts, on one timer per tick of each event loop.
 
     ``asyncio.timeout`` arms and cancels a timer of the loop for every attempt (about 5 µs under
     uvloop, more than any other step of a delivery but the request itself). The outer deadline is
     a backstop, never an attempt's own timeout (the HTTP client keeps a precise one), so it can be
     coarse: watches are kept in buckets of :data:`DEADLINE_TICK_S`, and one timer per bucket
-    cancels the tasks still in it, at most a tick after their limit.
+    cancels the tasks still in it, at most a tick after their limit. Each loop has buckets of its
+    own, and each timer empties its own loop's, so one Deadlines may serve loops one after another
+    or at once (tests, threads) without a watch being lost or a task cancelled by another loop.
     """
 
-    __slots__ = ("_buckets", "_loop")
+    __slots__ = ("_last", "_loops")
 
     def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._buckets: dict[int, set[_Watch]] = {}
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Buckets]
+        self._loops = weakref.WeakKeyDictionary()
+        self._last: tuple[asyncio.AbstractEventLoop | None, _Buckets] = (None, {})  # one object:
+        # read and replaced whole, so a loop in another thread never sees half of it
 
     def start(self, limit: float) -> _Watch:
         """Watch the current task: it is cancelled if still watched ``limit`` seconds from now
-        (up to a tick later)."""
+        (up to a tick later; a limit that is not a number, or over :data:`MAX_LIMIT_S`, counts
+        as that)."""
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("an outer deadline needs a task")
         loop = task.get_loop()
-        if self._loop is not loop:  # the first use, or another loop (tests): nothing carries over
-            self._loop, self._buckets = loop, {}
+        last_loop, buckets = self._last
+        if last_loop is not loop:
+            buckets = self._loops.setdefault(loop, {})
+            self._last = (loop, buckets)
+        if not limit <= MAX_LIMIT_S:  # also NaN: the tick must be an integer
+            limit = MAX_LIMIT_S
         tick = math.ceil((loop.time() + limit) / DEADLINE_TICK_S)
-        watch = _Watch(task, tick)
-        bucket = self._buckets.get(tick)
+        bucket = buckets.get(tick)
         if bucket is None:
-            bucket = self._buckets[tick] = set()
-            loop.call_at(tick * DEADLINE_TICK_S, self._expire, loop, tick)
+            bucket = buckets[tick] = set()
+            loop.call_at(tick * DEADLINE_TICK_S, _expire, buckets, tick)
+        watch = _Watch(task, bucket)
         bucket.add(watch)
         return watch
 
-    def stop(self, watch: _Watch) -> bool:
+    @staticmethod
+    def stop(watch: _Watch) -> bool:
         """The attempt ended: forget its watch. True when the watch had cancelled the task and
         nobody else asked to since the watch began: the deadline ended the attempt."""
-        bucket = self._buckets.get(watch.tick)
-        if bucket is not None:
-            bucket.discard(watch)
+        watch.bucket.discard(watch)
         return watch.fired and watch.task.uncancel() <= watch.cancelling
 
-    def _expire(self, loop: asyncio.AbstractEventLoop, tick: int) -> None:
-        if loop is not self._loop:  # a timer of a loop no longer watched
-            return
-        for watch in self._buckets.pop(tick, ()):
-            watch.fired = True
-            watch.task.cancel()
+
+def _expire(buckets: _Buckets, tick: int) -> None:
+    """A tick's timer (on the loop whose ``buckets`` these are): cancel the tasks still in it."""
+    for watch in buckets.pop(tick, ()):
+        watch.fired = True
+        watch.task.cancel()
 
 
 _DEADLINES: Final = Deadlines()
@@ -135,9 +150,9 @@ async def guarded_attempt(
     """
     started = time.perf_counter()
     limit = timeout + ATTEMPT_GRACE_S
-    watch = deadlines.start(limit)
     ended = False  # by the deadline
     try:
+        watch = deadlines.start(limit)
         try:
             return await send(build(), timeout)
         finally:
@@ -146,8 +161,11 @@ async def guarded_attempt(
         if not ended:
             raise
         kind, detail = DEADLINE_EXCEEDED, f"no outcome within {limit:g}s"
-    except Exception as exc:
-        kind, detail = INTERNAL_ERROR, _where(exc)
+    except Exception as exc:  # (a deadline's cancellation that ``send`` turned into another)
+        if ended:
+            kind, detail = DEADLINE_EXCEEDED, f"no outcome within {limit:g}s"
+        else:
+            kind, detail = INTERNAL_ERROR, _where(exc)
     on_error(kind)
     log.error("delivery.guarded", extra={"fields": {**context(), "kind": kind, "detail": detail}})
     return Outcome(None, kind, time.perf_counter() - started, detail)

@@ -19,6 +19,7 @@ from bridge.engine.attempt import (
     Deadlines,
     Deliverer,
     Send,
+    _expire,
     guarded_attempt,
 )
 from bridge.engine.budget import UNANSWERED_BURST, Lanes
@@ -220,8 +221,9 @@ def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline() -> None:
 
         task = asyncio.ensure_future(attempt())
         await asyncio.sleep(0)
-        watch = next(iter(next(iter(deadlines._buckets.values()))))
-        deadlines._expire(task.get_loop(), watch.tick)  # the deadline fires...
+        buckets = deadlines._loops[task.get_loop()]
+        (tick,) = buckets
+        _expire(buckets, tick)  # the deadline fires...
         task.cancel()  # ...and the partition is revoked at the same moment
         try:
             await task
@@ -232,30 +234,50 @@ def test_a_cancellation_from_elsewhere_is_not_taken_for_the_deadline() -> None:
     assert asyncio.run(main())
 
 
-def test_deadlines_move_to_a_new_loop_and_ignore_the_old_ones_timers() -> None:
-    """One Deadlines used on one loop, then another (as asyncio.run does in tests): a timer left
-    on the first loop never ends an attempt of the second."""
+def test_one_deadlines_serves_two_live_loops_without_losing_a_watch() -> None:
+    """One Deadlines (as the module's default is) used at once by a loop in another thread: the
+    first loop's attempt that never answers still ends at its deadline, and the other loop's
+    attempts end with their own outcomes."""
     deadlines = Deadlines()
 
-    async def first() -> None:
-        async def short() -> Outcome:
-            return await guarded_attempt(answers_204, lambda: REQUEST, 0.0, print, dict, deadlines)
+    def other_loop() -> list[str]:
+        async def attempts() -> list[str]:
+            done = []
+            for _ in range(3):
+                outcome = await guarded_attempt(
+                    answers_204, lambda: REQUEST, 0.1, print, dict, deadlines
+                )
+                done.append(str(outcome.status))
+            return done
 
-        await short()
+        return asyncio.run(attempts())
 
-    asyncio.run(first())  # leaves a bucket and its timer behind on a closed loop
+    async def main() -> tuple[str, list[str]]:
+        hanging = asyncio.ensure_future(
+            guarded_attempt(never_answers, lambda: REQUEST, 0.0, print, dict, deadlines)
+        )
+        await asyncio.sleep(0.05)
+        others = await asyncio.to_thread(other_loop)
+        outcome = await asyncio.wait_for(hanging, ATTEMPT_GRACE_S + 2.0)
+        return outcome.error, others
 
-    async def second() -> Outcome:
-        task = asyncio.current_task()
-        assert task is not None
-        watch = deadlines.start(3600.0)
-        other = asyncio.new_event_loop()
+    assert asyncio.run(main()) == (DEADLINE_EXCEEDED, ["204", "204", "204"])
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e308])
+def test_a_limit_that_is_no_number_still_gives_an_outcome(timeout: float) -> None:
+    outcome, errors, _ = run(answers_204, timeout=timeout)
+    assert outcome.status == 204 and errors == []
+
+
+def test_a_deadline_that_send_turns_into_another_exception_is_still_the_deadline() -> None:
+    async def converts(_request: DeliveryRequest, _timeout: float) -> Outcome:
         try:
-            deadlines._expire(other, watch.tick)  # a timer of another loop
-        finally:
-            other.close()
-        assert not watch.fired and task.cancelling() == 0
-        assert not deadlines.stop(watch)
-        return await guarded_attempt(answers_204, lambda: REQUEST, 0.2, print, dict, deadlines)
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise TimeoutError("the client's own words") from None
+        raise AssertionError("unreachable")
 
-    assert asyncio.run(second()).status == 204
+    outcome, errors, took = run(converts, timeout=0.0)
+    assert (outcome.error, errors) == (DEADLINE_EXCEEDED, [DEADLINE_EXCEEDED])
+    assert took < ATTEMPT_GRACE_S + DEADLINE_TICK_S + 0.5
