@@ -157,13 +157,11 @@ async def guarded_attempt(
             return await send(build(), timeout)
         finally:
             ended = deadlines.stop(watch)
-    except asyncio.CancelledError:
-        if not ended:
-            raise
-        kind, detail = DEADLINE_EXCEEDED, f"no outcome within {limit:g}s"
-    except Exception as exc:  # (a deadline's cancellation that ``send`` turned into another)
-        if ended:
+    except (asyncio.CancelledError, Exception) as exc:
+        if ended:  # the deadline's cancellation, or what ``send`` turned it into
             kind, detail = DEADLINE_EXCEEDED, f"no outcome within {limit:g}s"
+        elif isinstance(exc, asyncio.CancelledError):
+            raise  # cancelled by someone else: the caller's to hand off
         else:
             kind, detail = INTERNAL_ERROR, _where(exc)
     on_error(kind)
