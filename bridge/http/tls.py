@@ -33,6 +33,16 @@ it must be the context's); :data:`MAX_CERT_LIST` is set the same way. Where that
 P-256 alone is offered, with a warning (``tls.groups_fallback``): a receiver that refuses it
 fails with ``tls_error``, and none can make the key exchange expensive (the certificate message
 then keeps OpenSSL's own bound).
+
+After the handshake, TLS records that carry no data cost the client too, and the receiver alone
+decides how many it sends: OpenSSL reads every TLS 1.3 ``NewSessionTicket`` a server sends (a
+Python server sends a million with ``num_tickets``), each about 10 µs of the event loop's CPU, and
+none reaches the HTTP parser, so neither the header limit nor the body limit sees them. So every
+connection's TLS object counts the bytes OpenSSL takes from the socket against the data it hands
+back (:class:`BoundedSSLObject`): TLS records beyond :data:`TLS_OVERHEAD_ALLOWANCE` bytes, plus
+:data:`TLS_OVERHEAD_PER_DATA_BYTE` per byte of data, end the connection (``tls_error``, "records
+without data"). A million tickets end after about a thousand, 10 ms of CPU, instead of about ten
+seconds; a legitimate receiver, even one writing its answer a byte per record, stays far below.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import os
 import ssl
 import sys
 import time
-from typing import Final
+from typing import Any, Final
 
 from bridge.core.webhook import TlsSettings
 
@@ -53,6 +63,12 @@ VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.
 SESSION_MAX_AGE: Final = 300.0
 """Seconds a session is offered for resumption at most, counted from its full handshake."""
 _MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts again
+TLS_OVERHEAD_ALLOWANCE: Final = 256 * 1024
+"""Bytes of TLS records beyond the data they carry that one connection may receive in any case
+(session tickets, record headers and tags, alerts): about a thousand tickets."""
+TLS_OVERHEAD_PER_DATA_BYTE: Final = 32
+"""Further bytes of TLS overhead allowed per byte of data received: a record holding one byte of
+data costs 22 to 29 bytes, so even an answer written a byte per record stays within it."""
 CIPHERS: Final = (
     "@SECLEVEL=2:ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE+AES:!aNULL:!eNULL:!aDSS:!SHA1:!AESCCM"
 )
@@ -108,11 +124,53 @@ def _bound_handshake(context: ssl.SSLContext) -> bool:
     return bool(library.SSL_CTX_ctrl(pointer, _SSL_CTRL_SET_GROUPS_LIST, 0, GROUPS) == 1)
 
 
+class TlsFlood(ssl.SSLError):
+    """A receiver sent more TLS records without data than a connection allows (see the module's
+    text); the transport reports it as the reason the connection was lost."""
+
+    def __str__(self) -> str:  # (an SSLError made in Python would show its args' tuple)
+        return str(self.args[0]) if self.args else "too many TLS records without data"
+
+
+class BoundedSSLObject(ssl.SSLObject):
+    """An :class:`ssl.SSLObject` that counts, at each :meth:`read`, the bytes OpenSSL took from
+    the incoming buffer against the data it returned, and raises :class:`TlsFlood` once the
+    difference passes :data:`TLS_OVERHEAD_ALLOWANCE` plus :data:`TLS_OVERHEAD_PER_DATA_BYTE`
+    per byte of data. asyncio's and uvloop's TLS transports read through :meth:`read` whatever
+    arrives after the handshake (a ticket flood makes it raise ``SSLWantReadError``, no data),
+    and end the connection on any other ``SSLError``. :meth:`ResumingContext.wrap_bio` makes
+    every client connection's object one of these."""
+
+    _incoming: ssl.MemoryBIO | None = None
+    _overhead = 0
+    _allowance = TLS_OVERHEAD_ALLOWANCE
+
+    def read(self, *args: Any) -> Any:
+        incoming = self._incoming
+        if incoming is None:
+            return super().read(*args)
+        before = incoming.pending
+        data: Any = 0
+        try:
+            data = super().read(*args)
+        finally:
+            got = data if isinstance(data, int) else len(data)
+            self._overhead += before - incoming.pending - got
+            self._allowance += got * TLS_OVERHEAD_PER_DATA_BYTE
+            if self._overhead > self._allowance:
+                raise TlsFlood(
+                    f"the receiver sent {self._overhead} bytes of TLS records without data"
+                )
+        return data
+
+
 class ResumingContext(ssl.SSLContext):
     """A verifying client context that resumes sessions: per host name, the session of the last
     full handshake whose ticket is still young is offered by each new connection (see the module
     docstring). Works through :meth:`wrap_bio`, which asyncio's and uvloop's TLS transports call
     for every connection; the client hands sessions back with :meth:`keep_session`."""
+
+    sslobject_class = BoundedSSLObject  # every connection's records are counted (module's text)
 
     def __init__(self, protocol: int = ssl.PROTOCOL_TLS_CLIENT) -> None:  # (for __new__)
         super().__init__()
@@ -135,7 +193,10 @@ class ResumingContext(ssl.SSLContext):
                     session = kept[1]
                 else:
                     del self._sessions[server_hostname]
-        return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        connection = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        if isinstance(connection, BoundedSSLObject):
+            connection._incoming = incoming
+        return connection
 
     def wants_session(self, host: str) -> bool:
         """Whether a connection to ``host`` should hand its session to :meth:`keep_session`: none

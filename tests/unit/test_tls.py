@@ -58,10 +58,11 @@ def server_context(
 
 
 def deliver(
-    context: ssl.SSLContext, requests: list[TlsSettings]
+    context: ssl.SSLContext, requests: list[TlsSettings], event_loop: str = "asyncio"
 ) -> tuple[list[Outcome], list[str]]:
-    """Send one request per setting to a TLS server answering 204; returns the outcomes and the
-    client certificate (subject) the server saw on each connection."""
+    """Send one request per setting to a TLS server answering 204 (on ``event_loop``: "asyncio"
+    or "uvloop", the bridge's); returns the outcomes and the client certificate (subject) the
+    server saw on each connection."""
     peers: list[str] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -92,6 +93,10 @@ def deliver(
             await sender.close()
             server.close()
 
+    if event_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main()), peers
     return asyncio.run(main()), peers
 
 
@@ -435,3 +440,87 @@ def test_a_certificate_message_past_the_bound_is_refused_before_it_is_parsed(
     assert (too_long.status, too_long.error) == (None, "tls_error"), too_long
     assert "excessive message size" in too_long.detail.lower(), too_long.detail
     assert ordinary.status == 204
+
+
+def ticket_server(ca: trustme.CA, tickets: int) -> ssl.SSLContext:
+    """A TLS 1.3 server context that sends ``tickets`` session tickets after each handshake
+    (about 255 bytes each, none carrying data)."""
+    context = server_context(ca)
+    context.num_tickets = tickets
+    return context
+
+
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_a_flood_of_records_without_data_ends_the_connection_early(
+    ca: trustme.CA, files: dict[str, str], event_loop: str
+) -> None:
+    """A receiver sending 20,000 session tickets before its answer (about 5 MB that OpenSSL
+    reads and the HTTP parser never sees, 0.2 s of the event loop's CPU) loses the connection
+    once its records pass the allowance: tls_error, nothing parsed. A receiver sending a few
+    hundred, within it, answers; both on uvloop's TLS transport and on asyncio's."""
+    settings = TlsSettings(ca_file=files["ca"])
+    within = tls.TLS_OVERHEAD_ALLOWANCE // 512  # (tickets of about 255 bytes: half the allowance)
+    (flooded,), _ = deliver(ticket_server(ca, 20_000), [settings], event_loop)
+    (ordinary,), _ = deliver(ticket_server(ca, within), [settings], event_loop)
+    assert (flooded.status, flooded.error) == (None, "tls_error"), flooded
+    assert "bytes of TLS records without data" in flooded.detail, flooded.detail
+    assert ordinary.status == 204, ordinary
+
+
+def handshake(ca: trustme.CA, files: dict[str, str], tickets: int) -> tuple[MemoryEnd, MemoryEnd]:
+    """A client and a server end (memory buffers) after the handshake, the server's tickets
+    in the client's incoming buffer, not yet read."""
+    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
+    server = MemoryEnd(ticket_server(ca, tickets), True)
+    for _ in range(4):
+        for end in (client, server):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                end.tls.do_handshake()
+        server.incoming.write(client.outgoing.read())
+        client.incoming.write(server.outgoing.read())
+    return client, server
+
+
+def read_all(end: MemoryEnd) -> bytes:
+    data = b""
+    with contextlib.suppress(ssl.SSLWantReadError):
+        while True:
+            data += end.tls.read(65536)
+    return data
+
+
+def test_data_widens_the_allowance_so_an_answer_a_byte_per_record_is_read(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """The allowance grows with the data received: 64 KiB written one byte per TLS record
+    (about 23 bytes of record for each byte of data, 1.5 MB in all, six times the allowance
+    alone) is read whole, in pieces of any size."""
+    client, server = handshake(ca, files, tickets=2)
+    answer = bytes(range(256)) * 256
+    received = b""
+    for at in range(0, len(answer), 4096):
+        for byte in answer[at : at + 4096]:
+            server.tls.write(bytes([byte]))
+        client.incoming.write(server.outgoing.read())
+        received += read_all(client)
+    assert received == answer
+    assert isinstance(client.tls, tls.BoundedSSLObject)
+    assert client.tls._overhead > 4 * tls.TLS_OVERHEAD_ALLOWANCE  # (the test means something)
+
+
+def test_records_without_data_are_refused_past_the_allowance_however_they_arrive(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """Tickets fed to the client a few bytes at a time, or all at once, are refused as soon as
+    the bytes OpenSSL took pass the allowance, never long after it."""
+    for piece in (7, 1500, 1 << 30):
+        client, _server = handshake(ca, files, tickets=3_000)
+        flood = client.incoming.read()  # (the tickets, moved there by the handshake's last turn)
+        assert len(flood) > 2 * tls.TLS_OVERHEAD_ALLOWANCE
+        fed = 0
+        with pytest.raises(tls.TlsFlood, match="bytes of TLS records without data"):
+            for at in range(0, len(flood), piece):
+                client.incoming.write(flood[at : at + piece])
+                fed = at + piece
+                read_all(client)
+        assert fed <= tls.TLS_OVERHEAD_ALLOWANCE + max(piece, 16 * 1024) + 1024
