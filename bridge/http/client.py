@@ -60,7 +60,9 @@ Behaviour a receiver and an operator can rely on:
   Nothing is ever sent twice here: each attempt is one request, and a failure is reported for
   the retry ladder to handle.
 - Response heads larger than ``header_limit`` bytes and malformed responses are
-  ``invalid_response``.
+  ``invalid_response``; so is a response still without its end after ``2 * header_limit + 8 *
+  body_limit`` bytes (chunk extensions, chunk sizes padded with zeros and trailers count, which
+  neither limit sees), unless its body already passed ``body_limit`` (the status stands).
 - :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and
   whatever the server sends; only cancellation passes through as ``asyncio.CancelledError``.
 """
@@ -212,6 +214,13 @@ class _Connection(asyncio.Protocol):
         self.live = live  # every open connection of the client, for close()
         self.header_limit = header_limit
         self.body_limit = body_limit
+        # Every byte of a response counts, not only its head and body: chunk extensions, chunk
+        # sizes written with endless zeros and trailers reach neither limit, and llhttp reads
+        # them as fast as they come (a receiver sending them kept the event loop busy for the
+        # whole timeout). A head, as many trailers, and a body sent in one-byte chunks (six bytes
+        # of framing for each) fit.
+        self.response_limit = 2 * header_limit + 8 * body_limit
+        self.response_bytes = 0
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.poller: select.poll | None = None  # this socket, for reading without reading
@@ -246,6 +255,7 @@ class _Connection(asyncio.Protocol):
         self.timeout = timeout
         self.timer = self.loop.call_at(deadline, self._expire)
         self.status = self.head_bytes = self.header_bytes = self.body_bytes = 0
+        self.response_bytes = 0
         self.complete = self.capped = False
         self.busy = True
         self.exchanges += 1
@@ -308,6 +318,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.status == 0:
             self.head_bytes += len(data)  # bytes of a head not yet complete, body perhaps
+        self.response_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -324,9 +335,12 @@ class _Connection(asyncio.Protocol):
                 else:
                     self.abort()
                 return
-            if self.status != 0 or max(self.head_bytes, self.header_bytes) <= self.header_limit:
+            if self.status == 0 and max(self.head_bytes, self.header_bytes) > self.header_limit:
+                problem = f"response head larger than {self.header_limit} bytes"
+            elif self.response_bytes > self.response_limit:
+                problem = f"response longer than {self.response_limit} bytes without its end"
+            else:
                 return  # more to come
-            problem = f"response head larger than {self.header_limit} bytes"
         if self.capped:
             self._settle()  # the receiver answered; the rest of its body is not read
         else:  # incomplete, malformed, or followed by bytes nobody asked for in the same segment

@@ -428,31 +428,46 @@ def test_a_body_longer_than_the_cap_keeps_the_status_and_closes_the_connection()
     assert receiver.connections == 2
 
 
-ENDLESS_BODIES = {
-    "fast": (b"Content-Length: 100000000", b"x" * 65536, 0.0),
-    "slow": (b"Content-Length: 100000000", b"x" * 10, 0.05),
-    "chunk extension": (b"Transfer-Encoding: chunked", b";x" * 5000, 0.0),  # never a chunk
+CHUNKED = b"Transfer-Encoding: chunked"
+ENDLESS_BODIES = {  # framing, the bytes after the head, then each piece sent, and the pace
+    "fast": (b"Content-Length: 100000000", b"", b"x" * 65536, 0.0),
+    "slow": (b"Content-Length: 100000000", b"", b"x" * 10, 0.05),
+    "slow chunk extension": (CHUNKED, b"5", b";x" * 5, 0.05),
+    # bytes that are neither head nor body, as fast as they come: never a body byte
+    "chunk extension": (CHUNKED, b"5", b";x" * 5000, 0.0),
+    "chunk size of zeros": (CHUNKED, b"", b"0" * 10000, 0.0),
+    "trailers": (CHUNKED, b"1\r\nx\r\n0\r\n", b"X-Trailer: %s\r\n" % (b"t" * 2000), 0.0),
+    "one-byte chunks": (CHUNKED, b"", b"1\r\nx\r\n" * 500, 0.0),
 }
 
 
 @pytest.mark.parametrize(
-    ("kind", "outcome"), [("fast", 200), ("slow", "timeout"), ("chunk extension", "timeout")]
+    ("kind", "outcome"),
+    [
+        ("fast", 200),
+        ("slow", "timeout"),
+        ("slow chunk extension", "timeout"),
+        ("chunk extension", "invalid_response"),
+        ("chunk size of zeros", "invalid_response"),
+        ("trailers", "invalid_response"),
+        ("one-byte chunks", 200),
+    ],
 )
 def test_an_endless_body_is_the_status_past_the_cap_and_a_timeout_below_it(
     kind: str, outcome: object
 ) -> None:
     """A 200 head followed by a body that never ends: the status once the body passes
-    ``body_limit``; a timeout when it trickles (or carries no body bytes at all)."""
-    framing, piece, pace = ENDLESS_BODIES[kind]
+    ``body_limit`` (in one piece or in one-byte chunks); a timeout when it trickles (or carries
+    no body bytes at all); invalid_response, at once, once the response passes its whole bound
+    without a body past the cap (framing, zeros or trailers sent as fast as the socket takes
+    them: before, llhttp read them at the event loop's full speed until the timeout)."""
+    framing, start, piece, pace = ENDLESS_BODIES[kind]
 
     async def script(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r: Receiver
     ) -> None:
         await r.request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\n%s\r\n\r\n%s"
-            % (framing, b"5" if kind == "chunk extension" else b"")
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\n%s\r\n\r\n%s" % (framing, start))
         while True:
             writer.write(piece)
             await writer.drain()
@@ -463,6 +478,11 @@ def test_an_endless_body_is_the_status_past_the_cap_and_a_timeout_below_it(
         if outcome == "timeout":
             error = await failure(http, url, 0.3)
             assert (error.kind, error.detail) == ("timeout", "no answer in 0.3s")
+        elif outcome == "invalid_response":
+            error = await failure(http, url, 5.0)
+            assert error.kind == "invalid_response", error
+            limit = 2 * 4096 + 8 * 1024  # (the test client's limits)
+            assert error.detail == f"response longer than {limit} bytes without its end"
         else:
             assert await http.post(url, HEADERS, b"{}", 0.3) == outcome
         assert time.monotonic() - started < 0.5
