@@ -22,6 +22,7 @@ import json
 import random
 import shutil
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -886,7 +887,11 @@ class HostileServer:
     every 50 ms, never finished. ``/not-http``: another protocol's greeting. ``/double``: two
     complete responses in one segment. ``/byte-by-byte``: a 200 written one byte at a time.
     ``/reset-mid-body``: a head promising 100 bytes, 10 of them, then a TCP reset.
-    ``/bad-chunked``: a chunked 200 whose first chunk size is not hexadecimal. A second port
+    ``/bad-chunked``: a chunked 200 whose first chunk size is not hexadecimal.
+    ``/framing-flood``: a chunked 200 whose first chunk's extension never ends, sent as fast as
+    the client reads (bytes that are neither head nor body). A fourth port (:meth:`tickets_url`)
+    is a TLS receiver with a certificate the webhook trusts (:attr:`ca_file`) that sends
+    :attr:`TICKETS` session tickets after each handshake, then answers 204. A second port
     (:meth:`tls_url`) answers a TLS client hello with garbage. A third port (:meth:`stage_url`)
     answers every request with a 204 and keep-alive and, whenever a connection has been idle for
     20 ms, stages an unsolicited 204 on it: the client must close such a connection rather than
@@ -898,12 +903,25 @@ class HostileServer:
 
     HUGE = 50 * 1024 * 1024
     STAGED = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
+    TICKETS = 2_000  # about 500 KB of records without data: twice the client's allowance
 
     def __init__(self) -> None:
         self.port = free_port()
         self.tls_port = free_port()
         self.stage_port = free_port()
+        self.tickets_port = free_port()
         self.garbage_sent = 0
+        self.ticket_handshakes = 0  # TLS connections that got their tickets
+        import tempfile
+
+        import trustme
+
+        ca = trustme.CA()
+        self.ca_file = str(Path(tempfile.mkdtemp(prefix="hostile-ca-")) / "ca.pem")
+        ca.cert_pem.write_to_path(self.ca_file)
+        self._tickets_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(self._tickets_tls)
+        self._tickets_tls.num_tickets = self.TICKETS
         self.exchanges: list[Exchange] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -918,6 +936,9 @@ class HostileServer:
 
     def stage_url(self) -> str:
         return f"http://127.0.0.1:{self.stage_port}/stage"
+
+    def tickets_url(self) -> str:
+        return f"https://127.0.0.1:{self.tickets_port}/ticket-flood"
 
     def start(self) -> HostileServer:
         self._thread.start()
@@ -938,10 +959,34 @@ class HostileServer:
         server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
         garbage = await asyncio.start_server(self._tls_garbage, "127.0.0.1", self.tls_port)
         stage = await asyncio.start_server(self._stage, "127.0.0.1", self.stage_port)
+        tickets = await asyncio.start_server(
+            self._ticket_flood, "127.0.0.1", self.tickets_port, ssl=self._tickets_tls
+        )
         self._ready.set()
         await self._stopping.wait()
-        for each in (server, garbage, stage):
+        for each in (server, garbage, stage, tickets):
             each.close()
+
+    async def _ticket_flood(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """The handshake sent :attr:`TICKETS` tickets; read the request, answer 204. The answer
+        is no status the client may take: the tickets before it are past its allowance."""
+        self.ticket_handshakes += 1
+        exchange = None
+        try:
+            path, headers = await self._head(reader)
+            exchange = Exchange(path, headers.get("webhook-id", ""), 0, time.time())
+            self.exchanges.append(exchange)
+            writer.write(self.STAGED)
+            await writer.drain()
+            await asyncio.wait_for(_until_closed(reader), 10)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, IndexError, ssl.SSLError):
+            pass
+        finally:
+            if exchange is not None:
+                exchange.closed = exchange.closed or time.time()
+            writer.close()
 
     async def _tls_garbage(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -1012,6 +1057,9 @@ class HostileServer:
             elif path == "/trickle":
                 exchange.status = 0  # a body that never ends: no complete answer to take
                 await self._trickle(writer, let_go)
+            elif path == "/framing-flood":
+                exchange.status = 0  # never a body byte: no answer the client may take
+                await self._framing_flood(writer, let_go, exchange)
             elif path.startswith("/redirect"):
                 exchange.status = 302
                 location = "http://169.254.169.254/latest/meta-data/"
@@ -1054,6 +1102,23 @@ class HostileServer:
     ) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.HUGE)
         chunk = b"\0" * 65_536
+        while exchange.body_bytes_sent < self.HUGE and not let_go.done():
+            writer.write(chunk)
+            drained = asyncio.ensure_future(writer.drain())
+            await asyncio.wait([drained, let_go], return_when=asyncio.FIRST_COMPLETED)
+            if not drained.done():
+                drained.cancel()
+                return
+            if drained.exception() is not None:
+                return
+            exchange.body_bytes_sent += len(chunk)
+
+    async def _framing_flood(
+        self, writer: asyncio.StreamWriter, let_go: asyncio.Future[None], exchange: Exchange
+    ) -> None:
+        """A chunked 200 whose chunk extension never ends, as fast as the client takes it."""
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5")
+        chunk = b";x" * 32_768
         while exchange.body_bytes_sent < self.HUGE and not let_go.done():
             writer.write(chunk)
             drained = asyncio.ensure_future(writer.drain())
@@ -1151,13 +1216,20 @@ def test_hostile_receivers_cost_bounded_memory_and_time(
         "/double": (False, "", ("invalid_response",)),
         "/reset-mid-body": (False, "", ("connection_error", "invalid_response")),
         "/bad-chunked": (False, "", ("invalid_response",)),
+        "/framing-flood": (False, "", ("invalid_response",)),
         "/tls-garbage": (False, "", ("tls_error", "connection_error")),
+        "/ticket-flood": (False, "", ("tls_error",)),
     }
     urls = {path: hostile.url(path) for path in outcomes} | {
         "/tls-garbage": hostile.tls_url(),
         "/stage": hostile.stage_url(),
+        "/ticket-flood": hostile.tickets_url(),
     }
-    hooks = [webhook(path.strip("/"), "acct_h", url) for path, url in urls.items()]
+    trusting = {"/ticket-flood": {"tls_ca_file": hostile.ca_file}}
+    hooks = [
+        webhook(path.strip("/"), "acct_h", url, **trusting.get(path, {}))
+        for path, url in urls.items()
+    ]
     healthy = [
         webhook("healthy-same-account", "acct_h", receiver.url("/same")),
         webhook("healthy-other-account", "acct_ok", receiver.url("/other")),
@@ -1221,6 +1293,7 @@ def test_hostile_receivers_cost_bounded_memory_and_time(
     assert wrong == [], "\n".join(sorted(set(wrong)))
     assert not [e for e in exchanges if e.path == "/stolen"], "a redirect was followed"
     assert hostile.garbage_sent > 0, "the TLS receiver was never reached"
+    assert hostile.ticket_handshakes > 0, "the ticket-flooding receiver was never reached"
     assert slowest <= timeout + 1.0, f"a request held the bridge {slowest:.1f}s"
     assert healthy_lag < 5.0, f"healthy webhooks waited {healthy_lag:.1f}s behind hostile ones"
     assert most_read < HostileServer.HUGE / 4, f"{most_read} bytes of a huge body were read"
