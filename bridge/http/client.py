@@ -36,9 +36,9 @@ Behaviour a receiver and an operator can rely on:
   policy after resolution (:class:`bridge.http.resolver.SafeResolver`), literal addresses
   included. URLs are judged by :func:`bridge.core.urls.parse_webhook_url` (IDNA 2008 host names,
   no userinfo, no control characters).
-- Through a context of :mod:`bridge.http.tls` (the default), TLS records that carry no data
-  (session tickets and the like, which the HTTP parser never sees) are bounded per connection:
-  past the allowance the connection ends (``tls_error``).
+- Through a context of :mod:`bridge.http.tls` (the default), the TLS records of each exchange
+  are bounded, those that carry no data (session tickets, key updates: the HTTP parser never
+  sees them) most: past either bound the connection ends (``tls_error``).
 - Through a context of :mod:`bridge.http.tls` (the default), a new connection resumes the TLS
   session of an earlier full handshake with the same host name through the same context, for a
   few minutes (see that module): a receiver closing after each answer costs an abbreviated

@@ -35,14 +35,17 @@ fails with ``tls_error``, and none can make the key exchange expensive (the cert
 then keeps OpenSSL's own bound).
 
 After the handshake, TLS records that carry no data cost the client too, and the receiver alone
-decides how many it sends: OpenSSL reads every TLS 1.3 ``NewSessionTicket`` a server sends (a
-Python server sends a million with ``num_tickets``), each about 10 µs of the event loop's CPU, and
-none reaches the HTTP parser, so neither the header limit nor the body limit sees them. So every
-connection's TLS object counts the bytes OpenSSL takes from the socket against the data it hands
-back (:class:`BoundedSSLObject`): TLS records beyond :data:`TLS_OVERHEAD_ALLOWANCE` bytes, plus
-:data:`TLS_OVERHEAD_PER_DATA_BYTE` per byte of data, end the connection (``tls_error``, "records
-without data"). A million tickets end after about a thousand, 10 ms of CPU, instead of about ten
-seconds; a legitimate receiver, even one writing its answer a byte per record, stays far below.
+decides how many it sends: OpenSSL reads every TLS 1.3 ``NewSessionTicket`` (about 10 µs each; a
+Python server sends a million with ``num_tickets``) and every ``KeyUpdate`` (about 25 µs each: a
+key derived), and none reaches the HTTP parser, so neither the head limit nor the body cap sees
+them. Counting bytes does not bound that work: a ``KeyUpdate`` is 28 bytes, and OpenSSL handles
+every record without data it has in one call. So OpenSSL is given the receiver's bytes one TLS
+record at a time (:class:`BoundedSSLObject`: the transport writes to a buffer of its own, and a
+record moves on only when OpenSSL has used the one before), and each exchange (from each request
+the client writes until the next) may bring at most :data:`TLS_RECORDS_WITHOUT_DATA` records
+that carry no data and :data:`TLS_RECORDS_PER_EXCHANGE` records in all; past either the
+connection ends (``tls_error``). A record's work is then bounded, whatever it holds: 64 key
+updates cost about 1.6 ms.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ import os
 import ssl
 import sys
 import time
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from bridge.core.webhook import TlsSettings
 
@@ -63,12 +66,16 @@ VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.
 SESSION_MAX_AGE: Final = 300.0
 """Seconds a session is offered for resumption at most, counted from its full handshake."""
 _MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts again
-TLS_OVERHEAD_ALLOWANCE: Final = 256 * 1024
-"""Bytes of TLS records beyond the data they carry that one connection may receive in any case
-(session tickets, record headers and tags, alerts): about a thousand tickets."""
-TLS_OVERHEAD_PER_DATA_BYTE: Final = 32
-"""Further bytes of TLS overhead allowed per byte of data received: a record holding one byte of
-data costs 22 to 29 bytes, so even an answer written a byte per record stays within it."""
+TLS_RECORDS_WITHOUT_DATA: Final = 64
+"""TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
+receiver may send per exchange; a server sends one or two tickets after a handshake."""
+TLS_RECORDS_PER_EXCHANGE: Final = 4096
+"""TLS records a receiver may send per exchange in all: an answer within the client's head and
+body limits fits in a few; this allows one written a byte per record up to 4 KB."""
+_RECORD_HEADER: Final = 5  # content type, version, length (two bytes)
+_RECORD_TYPES: Final = frozenset(range(20, 25))  # change cipher spec, alert, handshake, data...
+_RECORD_BODY_MAX: Final = 2**14 + 2048  # the largest record of any TLS version
+_WANT_READ: Final = "The operation did not complete (read)"  # OpenSSL's words, as _ssl says them
 CIPHERS: Final = (
     "@SECLEVEL=2:ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE+AES:!aNULL:!eNULL:!aDSS:!SHA1:!AESCCM"
 )
@@ -125,43 +132,138 @@ def _bound_handshake(context: ssl.SSLContext) -> bool:
 
 
 class TlsFlood(ssl.SSLError):
-    """A receiver sent more TLS records without data than a connection allows (see the module's
+    """A receiver sent more TLS records in one exchange than the bounds allow (see the module's
     text); the transport reports it as the reason the connection was lost."""
 
     def __str__(self) -> str:  # (an SSLError made in Python would show its args' tuple)
-        return str(self.args[0]) if self.args else "too many TLS records without data"
+        return str(self.args[0]) if self.args else "too many TLS records in one answer"
 
 
 class BoundedSSLObject(ssl.SSLObject):
-    """An :class:`ssl.SSLObject` that counts, at each :meth:`read`, the bytes OpenSSL took from
-    the incoming buffer against the data it returned, and raises :class:`TlsFlood` once the
-    difference passes :data:`TLS_OVERHEAD_ALLOWANCE` plus :data:`TLS_OVERHEAD_PER_DATA_BYTE`
-    per byte of data. asyncio's and uvloop's TLS transports read through :meth:`read` whatever
-    arrives after the handshake (a ticket flood makes it raise ``SSLWantReadError``, no data),
-    and end the connection on any other ``SSLError``. :meth:`ResumingContext.wrap_bio` makes
-    every client connection's object one of these."""
+    """An :class:`ssl.SSLObject` that gives OpenSSL the receiver's bytes one TLS record at a
+    time and counts the records of each exchange (see the module's text).
 
-    _incoming: ssl.MemoryBIO | None = None
-    _overhead = 0
-    _allowance = TLS_OVERHEAD_ALLOWANCE
+    The transport writes into ``_outer`` and calls :meth:`do_handshake`, :meth:`read`,
+    :meth:`write` and :meth:`unwrap` as usual (asyncio's and uvloop's TLS transports both do);
+    OpenSSL reads ``_inner``, into which :meth:`_give` moves the next whole record only when
+    OpenSSL asks for more. Whatever is not moved yet stays in ``_outer`` (but for the start of a
+    record whose end has not arrived), so the transport's view of what is waiting is unchanged.
+    :meth:`write` (the client's request) starts a new exchange. :class:`TlsFlood` is raised from
+    :meth:`read` or :meth:`unwrap` past either bound: an ``SSLError``, which ends the connection.
+    :meth:`ResumingContext.wrap_bio` makes every client connection's object one of these."""
+
+    _sslobj: Any  # OpenSSL's connection (set by SSLObject._create; what its methods call)
+    _outer: ssl.MemoryBIO | None = None  # the transport's buffer (None: reads it directly)
+    _inner: ssl.MemoryBIO | None = None  # OpenSSL's
+    _held = b""  # the start of a record whose end is not here yet
+    _ended = False  # the end of the stream was given to OpenSSL
+    _records = 0  # records given in this exchange
+    _without_data = 0  # ... of which carried no data
+
+    def _give(self) -> bool:
+        """Move the next whole record to OpenSSL (at the end of the stream: what is left, then
+        the end); whether anything was moved."""
+        outer, inner = self._outer, self._inner
+        assert outer is not None and inner is not None
+        held = self._held
+        if not held and outer.pending >= _RECORD_HEADER:  # the usual case: a record's start
+            held = outer.read(_RECORD_HEADER)
+            size = held[3] << 8 | held[4]
+            if (
+                held[0] in _RECORD_TYPES
+                and held[1] == 3
+                and size <= _RECORD_BODY_MAX
+                and outer.pending >= size  # and its end
+            ):
+                inner.write(held)
+                inner.write(outer.read(size))
+                self._records += 1
+                return True
+        elif len(held) < _RECORD_HEADER:
+            held += outer.read(_RECORD_HEADER - len(held))
+        if (
+            (held and held[0] not in _RECORD_TYPES)
+            or (len(held) > 1 and held[1] != 3)
+            or (len(held) >= _RECORD_HEADER and (held[3] << 8 | held[4]) > _RECORD_BODY_MAX)
+        ):  # no TLS record: OpenSSL refuses it at once, as it would the whole stream
+            inner.write(held + outer.read())
+            self._held = b""
+            self._records += 1
+            return True
+        if len(held) >= _RECORD_HEADER:
+            size = _RECORD_HEADER + (held[3] << 8 | held[4])
+            if len(held) < size:
+                held += outer.read(size - len(held))
+            if len(held) == size:
+                inner.write(held)
+                self._held = b""
+                self._records += 1
+                return True
+        self._held = held
+        if outer.eof and not self._ended:  # OpenSSL says what the end means
+            self._ended = True
+            if held:
+                inner.write(held)
+                self._held = b""
+            inner.write_eof()
+            return True
+        return False
+
+    def _check(self) -> None:
+        """TlsFlood once this exchange has brought more records than allowed."""
+        if (
+            self._without_data > TLS_RECORDS_WITHOUT_DATA
+            or self._records >= TLS_RECORDS_PER_EXCHANGE
+        ):
+            raise TlsFlood(
+                f"the receiver sent {self._records} TLS records in one answer, "
+                f"{self._without_data} of them without data"
+            )
 
     def read(self, *args: Any) -> Any:
-        incoming = self._incoming
-        if incoming is None:
+        inner = self._inner
+        if inner is None:
             return super().read(*args)
-        before = incoming.pending
-        data: Any = 0
-        try:
-            data = super().read(*args)
-        finally:
-            got = data if isinstance(data, int) else len(data)
-            self._overhead += before - incoming.pending - got
-            self._allowance += got * TLS_OVERHEAD_PER_DATA_BYTE
-            if self._overhead > self._allowance:
-                raise TlsFlood(
-                    f"the receiver sent {self._overhead} bytes of TLS records without data"
-                )
-        return data
+        connection = self._sslobj  # (what SSLObject.read calls)
+        if inner.pending or connection.pending():  # OpenSSL has bytes, or data, already
+            try:
+                return connection.read(*args)
+            except ssl.SSLWantReadError:
+                pass
+        while True:  # one record at a time, each after which OpenSSL asks for more: no data
+            self._check()
+            if not self._give():
+                raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ, _WANT_READ)
+            try:
+                return connection.read(*args)
+            except ssl.SSLWantReadError:
+                self._without_data += 1
+
+    def unwrap(self) -> Any:
+        if self._inner is None:
+            return super().unwrap()
+        while True:  # as read: the closing reads the receiver's records too
+            try:
+                return super().unwrap()
+            except ssl.SSLWantReadError:
+                self._check()
+                if not self._give():
+                    raise
+                self._without_data += 1
+
+    def do_handshake(self) -> None:
+        if self._inner is None:
+            return super().do_handshake()
+        while True:  # (bounded by OpenSSL: the handshake's messages and their sizes)
+            try:
+                return super().do_handshake()
+            except ssl.SSLWantReadError:
+                if not self._give():
+                    raise
+
+    def write(self, data: Any) -> int:
+        self._records = self._without_data = 0  # a request: its answer's records are counted
+        return int(self._sslobj.write(data))
 
 
 class ResumingContext(ssl.SSLContext):
@@ -170,7 +272,7 @@ class ResumingContext(ssl.SSLContext):
     docstring). Works through :meth:`wrap_bio`, which asyncio's and uvloop's TLS transports call
     for every connection; the client hands sessions back with :meth:`keep_session`."""
 
-    sslobject_class = BoundedSSLObject  # every connection's records are counted (module's text)
+    sslobject_class = BoundedSSLObject  # every connection's records are bounded (module's text)
 
     def __init__(self, protocol: int = ssl.PROTOCOL_TLS_CLIENT) -> None:  # (for __new__)
         super().__init__()
@@ -193,10 +295,13 @@ class ResumingContext(ssl.SSLContext):
                     session = kept[1]
                 else:
                     del self._sessions[server_hostname]
-        connection = super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
-        if isinstance(connection, BoundedSSLObject):
-            connection._incoming = incoming
-        return connection
+        if not issubclass(self.sslobject_class, BoundedSSLObject):
+            return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+        inner = ssl.MemoryBIO()  # OpenSSL's: the transport's bytes move there a record at a time
+        connection = super().wrap_bio(inner, outgoing, server_side, server_hostname, session)
+        bounded = cast(BoundedSSLObject, connection)
+        bounded._outer, bounded._inner = incoming, inner
+        return bounded
 
     def wants_session(self, host: str) -> bool:
         """Whether a connection to ``host`` should hand its session to :meth:`keep_session`: none

@@ -5,8 +5,10 @@ sessions are resumed per host name and setting, from full handshakes only, for a
 
 from __future__ import annotations
 
+import _ssl
 import asyncio
 import contextlib
+import ctypes
 import shutil
 import socket
 import ssl
@@ -454,16 +456,16 @@ def ticket_server(ca: trustme.CA, tickets: int) -> ssl.SSLContext:
 def test_a_flood_of_records_without_data_ends_the_connection_early(
     ca: trustme.CA, files: dict[str, str], event_loop: str
 ) -> None:
-    """A receiver sending 20,000 session tickets before its answer (about 5 MB that OpenSSL
-    reads and the HTTP parser never sees, 0.2 s of the event loop's CPU) loses the connection
-    once its records pass the allowance: tls_error, nothing parsed. A receiver sending a few
-    hundred, within it, answers; both on uvloop's TLS transport and on asyncio's."""
+    """A receiver sending 20,000 session tickets before its answer (5 MB that OpenSSL reads and
+    the HTTP parser never sees: 0.2 s of the event loop's CPU) loses the connection once it
+    passes the records allowed without data: tls_error, nothing parsed. A receiver sending
+    fewer answers; both on uvloop's TLS transport and on asyncio's."""
     settings = TlsSettings(ca_file=files["ca"])
-    within = tls.TLS_OVERHEAD_ALLOWANCE // 512  # (tickets of about 255 bytes: half the allowance)
+    within = tls.TLS_RECORDS_WITHOUT_DATA // 2
     (flooded,), _ = deliver(ticket_server(ca, 20_000), [settings], event_loop)
     (ordinary,), _ = deliver(ticket_server(ca, within), [settings], event_loop)
     assert (flooded.status, flooded.error) == (None, "tls_error"), flooded
-    assert "bytes of TLS records without data" in flooded.detail, flooded.detail
+    assert f"{tls.TLS_RECORDS_WITHOUT_DATA + 1} of them without data" in flooded.detail
     assert ordinary.status == 204, ordinary
 
 
@@ -478,6 +480,10 @@ def handshake(ca: trustme.CA, files: dict[str, str], tickets: int) -> tuple[Memo
                 end.tls.do_handshake()
         server.incoming.write(client.outgoing.read())
         client.incoming.write(server.outgoing.read())
+    client.tls.write(b"GET")  # the request: its answer's records are counted
+    server.incoming.write(client.outgoing.read())
+    with contextlib.suppress(ssl.SSLWantReadError):
+        server.tls.read(3)
     return client, server
 
 
@@ -489,38 +495,88 @@ def read_all(end: MemoryEnd) -> bytes:
     return data
 
 
-def test_data_widens_the_allowance_so_an_answer_a_byte_per_record_is_read(
+def test_an_answer_in_many_small_records_is_read_and_each_request_starts_the_count(
     ca: trustme.CA, files: dict[str, str]
 ) -> None:
-    """The allowance grows with the data received: 64 KiB written one byte per TLS record
-    (about 23 bytes of record for each byte of data, 1.5 MB in all, six times the allowance
-    alone) is read whole, in pieces of any size."""
+    """An answer written a byte per record, up to the records allowed per exchange, is read
+    whole, in pieces of any size; the next request starts the count again; one record more in
+    one exchange ends the connection."""
     client, server = handshake(ca, files, tickets=2)
-    answer = bytes(range(256)) * 256
-    received = b""
-    for at in range(0, len(answer), 4096):
-        for byte in answer[at : at + 4096]:
-            server.tls.write(bytes([byte]))
-        client.incoming.write(server.outgoing.read())
-        received += read_all(client)
-    assert received == answer
-    assert isinstance(client.tls, tls.BoundedSSLObject)
-    assert client.tls._overhead > 4 * tls.TLS_OVERHEAD_ALLOWANCE  # (the test means something)
+    per_answer = tls.TLS_RECORDS_PER_EXCHANGE - 8  # (the two tickets, and a margin)
+    for _ in range(3):
+        answer = bytes(range(256)) * (per_answer // 256) + b"!" * (per_answer % 256)
+        received = b""
+        for at in range(0, len(answer), 1000):
+            for byte in answer[at : at + 1000]:
+                server.tls.write(bytes([byte]))
+            client.incoming.write(server.outgoing.read())
+            received += read_all(client)
+        assert received == answer
+        client.tls.write(b"GET")  # the next request
+    for _ in range(tls.TLS_RECORDS_PER_EXCHANGE + 1):
+        server.tls.write(b"x")
+    client.incoming.write(server.outgoing.read())
+    with pytest.raises(tls.TlsFlood, match=f"sent {tls.TLS_RECORDS_PER_EXCHANGE} TLS records"):
+        read_all(client)
 
 
-def test_records_without_data_are_refused_past_the_allowance_however_they_arrive(
+def test_records_without_data_are_refused_past_the_bound_however_they_arrive(
     ca: trustme.CA, files: dict[str, str]
 ) -> None:
-    """Tickets fed to the client a few bytes at a time, or all at once, are refused as soon as
-    the bytes OpenSSL took pass the allowance, never long after it."""
-    for piece in (7, 1500, 1 << 30):
+    """Tickets fed to the client a few bytes at a time, a record at a time, or all at once are
+    refused as soon as one more than the bound has been read: OpenSSL never gets further."""
+    for piece in (7, 255, 1500, 1 << 30):
         client, _server = handshake(ca, files, tickets=3_000)
-        flood = client.incoming.read()  # (the tickets, moved there by the handshake's last turn)
-        assert len(flood) > 2 * tls.TLS_OVERHEAD_ALLOWANCE
+        flood = client.incoming.read()  # (the tickets, moved there by the handshake)
+        one = len(flood) // 3_000
         fed = 0
-        with pytest.raises(tls.TlsFlood, match="bytes of TLS records without data"):
+        with pytest.raises(tls.TlsFlood, match="without data"):
             for at in range(0, len(flood), piece):
                 client.incoming.write(flood[at : at + piece])
-                fed = at + piece
+                fed = min(at + piece, len(flood))
                 read_all(client)
-        assert fed <= tls.TLS_OVERHEAD_ALLOWANCE + max(piece, 16 * 1024) + 1024
+        assert isinstance(client.tls, tls.BoundedSSLObject)
+        assert client.tls._without_data == tls.TLS_RECORDS_WITHOUT_DATA + 1
+        assert client.tls._records == tls.TLS_RECORDS_WITHOUT_DATA + 1
+        if piece < one:  # fed in small pieces: nothing read beyond the refused record
+            assert fed <= (tls.TLS_RECORDS_WITHOUT_DATA + 1) * one + piece
+
+
+def key_update(end: MemoryEnd) -> None:
+    """Make OpenSSL send a TLS 1.3 KeyUpdate from ``end`` (``SSL_key_update``, which Python
+    does not offer: reached through ctypes, its pointer checked as the module's own is)."""
+    library = ctypes.CDLL(_ssl.__file__)
+    library.SSL_key_update.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    library.SSL_version.argtypes = [ctypes.c_void_p]
+    # CPython's _ssl._SSLSocket: the object's header, its socket's weak reference, then SSL*.
+    pointer = ctypes.c_void_p.from_address(id(end.tls._sslobj) + object.__basicsize__ + 8).value
+    assert library.SSL_version(pointer) == 0x0304, "not the SSL* of a TLS 1.3 connection"
+    assert library.SSL_key_update(pointer, 0) == 1  # SSL_KEY_UPDATE_NOT_REQUESTED
+    end.tls.do_handshake()  # sends it
+
+
+def test_key_updates_interleaved_with_data_are_bounded_per_exchange(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """A KeyUpdate costs the client a key derivation (about 25 µs) in 28 bytes; OpenSSL itself
+    refuses only more than 32 in a row without data. Groups of 30 between single bytes of data
+    pass OpenSSL's check; the client refuses the group that takes an exchange past the bound,
+    and takes a legitimate number in the next exchange."""
+    client, server = handshake(ca, files, tickets=0)
+    received = b""
+    with pytest.raises(tls.TlsFlood, match="without data"):
+        for _ in range(tls.TLS_RECORDS_WITHOUT_DATA // 30 + 2):
+            for _ in range(30):
+                key_update(server)
+            server.tls.write(b"d")
+            client.incoming.write(server.outgoing.read())
+            received += read_all(client)
+    assert received == b"d" * (tls.TLS_RECORDS_WITHOUT_DATA // 30)
+    client, server = handshake(ca, files, tickets=0)
+    for _ in range(2):
+        for _ in range(tls.TLS_RECORDS_WITHOUT_DATA // 2):
+            key_update(server)
+        server.tls.write(b"ok")
+        client.incoming.write(server.outgoing.read())
+        assert read_all(client) == b"ok"
+        client.tls.write(b"GET")  # the next request
