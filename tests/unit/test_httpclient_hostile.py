@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bridge.core.destinations import DestinationPolicy
-from bridge.http.client import HttpClient, HttpError
+from bridge.http.client import READS_PER_RESPONSE, HttpClient, HttpError
 from bridge.http.resolver import SafeResolver
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Receiver"], Awaitable[None]]
@@ -336,6 +336,40 @@ def test_a_response_split_byte_by_byte_is_read_whole() -> None:
 
     receiver = run(script, test)
     assert receiver.connections == 1  # reused: exactly one complete response each time
+
+
+@pytest.mark.parametrize(("padding", "pieces_allowed"), [(900, True), (20_000, False)])
+def test_a_response_in_more_pieces_than_allowed_is_refused(
+    padding: int, pieces_allowed: bool
+) -> None:
+    """Each piece a response arrives in costs a turn of the loop and a parse: a head written a
+    byte per segment (60 KB of it cost 0.32 s of the client's CPU, and was a status) is refused
+    past READS_PER_RESPONSE pieces; one under the bound is read whole."""
+    answer = b"HTTP/1.1 201 Created\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n" % (b"p" * padding)
+    pieces = [answer[i : i + 1] for i in range(len(answer))]
+
+    async def script(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r: Receiver
+    ) -> None:
+        await r.request(reader)
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0)  # (the client reads between two pieces, mostly)
+        await asyncio.sleep(10)
+
+    async def test(http: HttpClient, url: str, r: Receiver) -> None:
+        if pieces_allowed:
+            assert len(answer) < READS_PER_RESPONSE
+            assert await http.post(url, HEADERS, b"{}", 10) == 201
+            return
+        error = await failure(http, url, 10)
+        assert error.kind == "invalid_response", error
+        assert error.detail == (
+            f"response in more than {READS_PER_RESPONSE} pieces without its end"
+        )
+
+    run(script, test, header_limit=65536)
 
 
 @pytest.mark.parametrize(
