@@ -62,8 +62,9 @@ Behaviour a receiver and an operator can rely on:
 - Response heads larger than ``header_limit`` bytes and malformed responses are
   ``invalid_response``; so is a response still without its end after ``2 * header_limit + 8 *
   body_limit`` bytes (chunk extensions, chunk sizes padded with zeros and trailers count, which
-  neither limit sees), or after :data:`READS_PER_RESPONSE` pieces (a head sent a byte per
-  segment), unless its body already passed ``body_limit`` (the status stands).
+  neither limit sees), or in more pieces than :data:`READS_PER_RESPONSE` and one per KiB (a
+  head sent a byte per segment), unless its body already passed ``body_limit`` (the status
+  stands).
 - :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and
   whatever the server sends; only cancellation passes through as ``asyncio.CancelledError``.
 """
@@ -91,10 +92,11 @@ from bridge.http.tls import ResumingContext, make_context
 # MSG_PEEK recv() on an idle socket raises, which costs four times as much). Absent on Windows.
 _POLL: Final = getattr(select, "poll", None)
 
-READS_PER_RESPONSE: Final = 1024
-"""Pieces (reads from the socket) a response may come in before its end. Each costs a turn of
-the event loop and a parse, about 5 µs: a head of 60 KB sent a byte per segment cost 0.32 s of
-CPU, and was a status. A response within the limits rarely takes more than a few dozen."""
+READS_PER_RESPONSE: Final = 256
+"""Pieces (reads from the socket) a response may come in before its end, one more for each KiB
+received. Each costs a turn of the event loop and a parse, about 5 µs: a head of 60 KB sent a
+byte per segment cost 0.32 s of CPU, and was a status. An answer comes in a few pieces, a large
+body (``response_body_limit_bytes`` goes to 10 MB) in about one per read buffer."""
 
 TRIM_EVERY = 1000
 """TLS connections closed between two requests to glibc to give back the memory they freed."""
@@ -347,8 +349,8 @@ class _Connection(asyncio.Protocol):
                 problem = f"response head larger than {self.header_limit} bytes"
             elif self.response_bytes > self.response_limit:
                 problem = f"response longer than {self.response_limit} bytes without its end"
-            elif self.reads > READS_PER_RESPONSE:
-                problem = f"response in more than {READS_PER_RESPONSE} pieces without its end"
+            elif self.reads > READS_PER_RESPONSE + (self.response_bytes >> 10):
+                problem = f"response in {self.reads} pieces without its end"
             else:
                 return  # more to come
         if self.capped:

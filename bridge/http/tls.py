@@ -43,7 +43,8 @@ every record without data it has in one call. So OpenSSL is given the receiver's
 record at a time (:class:`BoundedSSLObject`: the transport writes to a buffer of its own, and a
 record moves on only when OpenSSL has used the one before), and each exchange (from each request
 the client writes until the next) may bring at most :data:`TLS_RECORDS_WITHOUT_DATA` records
-that carry no data and :data:`TLS_RECORDS_PER_EXCHANGE` records in all; past either the
+that carry no data and :data:`TLS_RECORDS_PER_EXCHANGE` records in all (one more per KiB of
+data); past either the
 connection ends (``tls_error``). A record's work is then bounded, whatever it holds: 64 key
 updates cost about 1.6 ms.
 """
@@ -69,9 +70,9 @@ _MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts 
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
-TLS_RECORDS_PER_EXCHANGE: Final = 4096
-"""TLS records a receiver may send per exchange in all: an answer within the client's head and
-body limits fits in a few; this allows one written a byte per record up to 4 KB."""
+TLS_RECORDS_PER_EXCHANGE: Final = 256
+"""TLS records a receiver may send per exchange in all, one more for each KiB of data: an answer
+fits in a few, a large body (records carry up to 16 KiB) in one per 16 KiB."""
 _RECORD_HEADER: Final = 5  # content type, version, length (two bytes)
 _RECORD_TYPES: Final = frozenset(range(20, 25))  # change cipher spec, alert, handshake, data...
 _RECORD_BODY_MAX: Final = 2**14 + 2048  # the largest record of any TLS version
@@ -159,6 +160,7 @@ class BoundedSSLObject(ssl.SSLObject):
     _ended = False  # the end of the stream was given to OpenSSL
     _records = 0  # records given in this exchange
     _without_data = 0  # ... of which carried no data
+    _data = 0  # bytes of data they carried
 
     def _give(self) -> bool:
         """Move the next whole record to OpenSSL (at the end of the stream: what is left, then
@@ -213,7 +215,7 @@ class BoundedSSLObject(ssl.SSLObject):
         """TlsFlood once this exchange has brought more records than allowed."""
         if (
             self._without_data > TLS_RECORDS_WITHOUT_DATA
-            or self._records >= TLS_RECORDS_PER_EXCHANGE
+            or self._records >= TLS_RECORDS_PER_EXCHANGE + (self._data >> 10)
         ):
             raise TlsFlood(
                 f"the receiver sent {self._records} TLS records in one answer, "
@@ -227,7 +229,7 @@ class BoundedSSLObject(ssl.SSLObject):
         connection = self._sslobj  # (what SSLObject.read calls)
         if inner.pending or connection.pending():  # OpenSSL has bytes, or data, already
             try:
-                return connection.read(*args)
+                return self._counted(connection.read(*args))
             except ssl.SSLWantReadError:
                 pass
         while True:  # one record at a time, each after which OpenSSL asks for more: no data
@@ -235,9 +237,13 @@ class BoundedSSLObject(ssl.SSLObject):
             if not self._give():
                 raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ, _WANT_READ)
             try:
-                return connection.read(*args)
+                return self._counted(connection.read(*args))
             except ssl.SSLWantReadError:
                 self._without_data += 1
+
+    def _counted(self, data: Any) -> Any:
+        self._data += data if isinstance(data, int) else len(data)
+        return data
 
     def unwrap(self) -> Any:
         if self._inner is None:
@@ -262,7 +268,7 @@ class BoundedSSLObject(ssl.SSLObject):
                     raise
 
     def write(self, data: Any) -> int:
-        self._records = self._without_data = 0  # a request: its answer's records are counted
+        self._records = self._without_data = self._data = 0  # a request: its answer's count
         return int(self._sslobj.write(data))
 
 

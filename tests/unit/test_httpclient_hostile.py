@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import socket
 import ssl
 import struct
@@ -338,38 +339,52 @@ def test_a_response_split_byte_by_byte_is_read_whole() -> None:
     assert receiver.connections == 1  # reused: exactly one complete response each time
 
 
-@pytest.mark.parametrize(("padding", "pieces_allowed"), [(900, True), (20_000, False)])
+@pytest.mark.parametrize(
+    ("pad", "body", "piece", "allowed"),
+    [
+        (150, 0, 1, True),  # under READS_PER_RESPONSE pieces
+        (20_000, 0, 1, False),  # a head a byte per segment
+        (0, 900_000, 1024, True),  # a large body in 880 pieces: one more allowed per KiB
+    ],
+)
 def test_a_response_in_more_pieces_than_allowed_is_refused(
-    padding: int, pieces_allowed: bool
+    pad: int, body: int, piece: int, allowed: bool
 ) -> None:
     """Each piece a response arrives in costs a turn of the loop and a parse: a head written a
     byte per segment (60 KB of it cost 0.32 s of the client's CPU, and was a status) is refused
-    past READS_PER_RESPONSE pieces; one under the bound is read whole."""
-    answer = b"HTTP/1.1 201 Created\r\nX-Pad: %s\r\nContent-Length: 0\r\n\r\n" % (b"p" * padding)
-    pieces = [answer[i : i + 1] for i in range(len(answer))]
+    past READS_PER_RESPONSE pieces (and one per KiB received); one under the bound, or a large
+    body in KiB pieces, is read whole."""
+    answer = b"HTTP/1.1 201 Created\r\nX-Pad: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+        b"p" * pad,
+        body,
+        b"b" * body,
+    )
+    pieces = [answer[i : i + piece] for i in range(0, len(answer), piece)]
 
     async def script(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r: Receiver
     ) -> None:
         await r.request(reader)
-        for piece in pieces:
-            writer.write(piece)
+        for each in pieces:
+            writer.write(each)
             await writer.drain()
             await asyncio.sleep(0)  # (the client reads between two pieces, mostly)
         await asyncio.sleep(10)
 
     async def test(http: HttpClient, url: str, r: Receiver) -> None:
-        if pieces_allowed:
-            assert len(answer) < READS_PER_RESPONSE
+        if allowed:
             assert await http.post(url, HEADERS, b"{}", 10) == 201
+            (connection,) = http._pools.idle  # (its count stays until its next request)
+            if body:
+                assert connection.reads > READS_PER_RESPONSE  # (the case means something)
             return
         error = await failure(http, url, 10)
         assert error.kind == "invalid_response", error
-        assert error.detail == (
-            f"response in more than {READS_PER_RESPONSE} pieces without its end"
-        )
+        assert re.fullmatch(r"response in \d+ pieces without its end", error.detail), error
+        pieces_read = int(error.detail.split()[2])
+        assert READS_PER_RESPONSE < pieces_read <= READS_PER_RESPONSE + 1 + pieces_read // 1024
 
-    run(script, test, header_limit=65536)
+    run(script, test, header_limit=65536, body_limit=1 << 20)
 
 
 @pytest.mark.parametrize(

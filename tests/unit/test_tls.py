@@ -499,15 +499,15 @@ def test_an_answer_in_many_small_records_is_read_and_each_request_starts_the_cou
     ca: trustme.CA, files: dict[str, str]
 ) -> None:
     """An answer written a byte per record, up to the records allowed per exchange, is read
-    whole, in pieces of any size; the next request starts the count again; one record more in
-    one exchange ends the connection."""
+    whole; the next request starts the count again; one record more in one exchange ends the
+    connection."""
     client, server = handshake(ca, files, tickets=2)
     per_answer = tls.TLS_RECORDS_PER_EXCHANGE - 8  # (the two tickets, and a margin)
     for _ in range(3):
         answer = bytes(range(256)) * (per_answer // 256) + b"!" * (per_answer % 256)
         received = b""
-        for at in range(0, len(answer), 1000):
-            for byte in answer[at : at + 1000]:
+        for at in range(0, len(answer), 100):
+            for byte in answer[at : at + 100]:
                 server.tls.write(bytes([byte]))
             client.incoming.write(server.outgoing.read())
             received += read_all(client)
@@ -517,6 +517,28 @@ def test_an_answer_in_many_small_records_is_read_and_each_request_starts_the_cou
         server.tls.write(b"x")
     client.incoming.write(server.outgoing.read())
     with pytest.raises(tls.TlsFlood, match=f"sent {tls.TLS_RECORDS_PER_EXCHANGE} TLS records"):
+        read_all(client)
+
+
+def test_a_large_answer_may_take_one_record_more_per_kib(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """Records that carry a KiB of data or more widen the bound as they come: 2,000 full
+    records (32 MB, a body far past any cap) are read; the count starts again with each
+    request, so the data of one answer never pays for the records of the next."""
+    client, server = handshake(ca, files, tickets=2)
+    full = b"f" * 16384
+    received = 0
+    for _ in range(2000):
+        server.tls.write(full)
+        client.incoming.write(server.outgoing.read())
+        received += len(read_all(client))
+    assert received == 2000 * len(full)
+    client.tls.write(b"GET")  # the next request: its answer's records are counted afresh
+    for _ in range(tls.TLS_RECORDS_PER_EXCHANGE + 1):
+        server.tls.write(b"x")
+    client.incoming.write(server.outgoing.read())
+    with pytest.raises(tls.TlsFlood):
         read_all(client)
 
 
