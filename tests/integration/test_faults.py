@@ -1101,24 +1101,24 @@ class HostileServer:
         self, writer: asyncio.StreamWriter, let_go: asyncio.Future[None], exchange: Exchange
     ) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % self.HUGE)
-        chunk = b"\0" * 65_536
-        while exchange.body_bytes_sent < self.HUGE and not let_go.done():
-            writer.write(chunk)
-            drained = asyncio.ensure_future(writer.drain())
-            await asyncio.wait([drained, let_go], return_when=asyncio.FIRST_COMPLETED)
-            if not drained.done():
-                drained.cancel()
-                return
-            if drained.exception() is not None:
-                return
-            exchange.body_bytes_sent += len(chunk)
+        await self._stream(writer, let_go, exchange, b"\0" * 65_536)
 
     async def _framing_flood(
         self, writer: asyncio.StreamWriter, let_go: asyncio.Future[None], exchange: Exchange
     ) -> None:
         """A chunked 200 whose chunk extension never ends, as fast as the client takes it."""
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5")
-        chunk = b";x" * 32_768
+        await self._stream(writer, let_go, exchange, b";x" * 32_768)
+
+    async def _stream(
+        self,
+        writer: asyncio.StreamWriter,
+        let_go: asyncio.Future[None],
+        exchange: Exchange,
+        chunk: bytes,
+    ) -> None:
+        """Write ``chunk`` again and again as fast as the client reads, up to :attr:`HUGE`
+        bytes, until it lets go."""
         while exchange.body_bytes_sent < self.HUGE and not let_go.done():
             writer.write(chunk)
             drained = asyncio.ensure_future(writer.drain())
