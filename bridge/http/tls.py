@@ -52,6 +52,7 @@ updates cost about 1.6 ms.
 from __future__ import annotations
 
 import _ssl
+import builtins
 import ctypes
 import functools
 import logging
@@ -70,6 +71,10 @@ _MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts 
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
+TLS_BYTES_WITHOUT_DATA: Final = 16 * 1024
+"""Bytes of those records: one record may hold hundreds of small messages (900 tickets of 18
+bytes, 7 ms of OpenSSL's work), each handled in the same call. Two real tickets are about 500
+bytes, a few KB with a client certificate in them."""
 TLS_RECORDS_PER_EXCHANGE: Final = 256
 """TLS records a receiver may send per exchange in all, one more for each KiB of data: an answer
 fits in a few, a large body (records carry up to 16 KiB) in one per 16 KiB."""
@@ -142,45 +147,47 @@ class TlsFlood(ssl.SSLError):
 
 class BoundedSSLObject(ssl.SSLObject):
     """An :class:`ssl.SSLObject` that gives OpenSSL the receiver's bytes one TLS record at a
-    time and counts the records of each exchange (see the module's text).
+    time and bounds the records of each exchange and of the handshake (see the module's text).
 
     The transport writes into ``_outer`` and calls :meth:`do_handshake`, :meth:`read`,
     :meth:`write` and :meth:`unwrap` as usual (asyncio's and uvloop's TLS transports both do);
     OpenSSL reads ``_inner``, into which :meth:`_give` moves the next whole record only when
     OpenSSL asks for more. Whatever is not moved yet stays in ``_outer`` (but for the start of a
     record whose end has not arrived), so the transport's view of what is waiting is unchanged.
-    :meth:`write` (the client's request) starts a new exchange. :class:`TlsFlood` is raised from
-    :meth:`read` or :meth:`unwrap` past either bound: an ``SSLError``, which ends the connection.
+    The handshake's end and :meth:`write` (the client's request) start a new count.
+    :class:`TlsFlood` (an ``SSLError``, which ends the connection) is raised past a bound.
     :meth:`ResumingContext.wrap_bio` makes every client connection's object one of these."""
 
     _sslobj: Any  # OpenSSL's connection (set by SSLObject._create; what its methods call)
     _outer: ssl.MemoryBIO | None = None  # the transport's buffer (None: reads it directly)
     _inner: ssl.MemoryBIO | None = None  # OpenSSL's
-    _held = b""  # the start of a record whose end is not here yet
+    _held: bytearray  # the start of a record whose end is not here yet (set by wrap_bio)
     _ended = False  # the end of the stream was given to OpenSSL
-    _records = 0  # records given in this exchange
-    _without_data = 0  # ... of which carried no data
-    _data = 0  # bytes of data they carried
+    _records = 0  # records given since the count started
+    _without_data = 0  # ... after which OpenSSL still had no data
+    _bytes_without_data = 0  # ... and their bytes
+    _data = 0  # bytes of data returned
 
-    def _give(self) -> bool:
+    def _give(self) -> int:
         """Move the next whole record to OpenSSL (at the end of the stream: what is left, then
-        the end); whether anything was moved."""
+        the end); the bytes moved (at least 1 when anything was), 0 when nothing was."""
         outer, inner = self._outer, self._inner
         assert outer is not None and inner is not None
         held = self._held
         if not held and outer.pending >= _RECORD_HEADER:  # the usual case: a record's start
-            held = outer.read(_RECORD_HEADER)
-            size = held[3] << 8 | held[4]
+            head = outer.read(_RECORD_HEADER)
+            size = head[3] << 8 | head[4]
             if (
-                held[0] in _RECORD_TYPES
-                and held[1] == 3
+                head[0] in _RECORD_TYPES
+                and head[1] == 3
                 and size <= _RECORD_BODY_MAX
                 and outer.pending >= size  # and its end
             ):
-                inner.write(held)
+                inner.write(head)
                 inner.write(outer.read(size))
                 self._records += 1
-                return True
+                return _RECORD_HEADER + size
+            held += head
         elif len(held) < _RECORD_HEADER:
             held += outer.read(_RECORD_HEADER - len(held))
         if (
@@ -188,61 +195,71 @@ class BoundedSSLObject(ssl.SSLObject):
             or (len(held) > 1 and held[1] != 3)
             or (len(held) >= _RECORD_HEADER and (held[3] << 8 | held[4]) > _RECORD_BODY_MAX)
         ):  # no TLS record: OpenSSL refuses it at once, as it would the whole stream
-            inner.write(held + outer.read())
-            self._held = b""
+            held += outer.read()
+            inner.write(held)
+            given = len(held)
+            held.clear()
             self._records += 1
-            return True
+            return given
         if len(held) >= _RECORD_HEADER:
             size = _RECORD_HEADER + (held[3] << 8 | held[4])
             if len(held) < size:
                 held += outer.read(size - len(held))
             if len(held) == size:
                 inner.write(held)
-                self._held = b""
+                held.clear()
                 self._records += 1
-                return True
-        self._held = held
+                return size
         if outer.eof and not self._ended:  # OpenSSL says what the end means
             self._ended = True
-            if held:
-                inner.write(held)
-                self._held = b""
+            given = len(held) + 1
+            inner.write(held)
+            held.clear()
             inner.write_eof()
-            return True
-        return False
+            return given
+        return 0
+
+    def _refuse(self, where: str) -> TlsFlood:
+        return TlsFlood(
+            f"the receiver sent {self._records} TLS records {where}, {self._without_data} of "
+            f"them ({self._bytes_without_data} bytes) without data"
+        )
 
     def _check(self) -> None:
         """TlsFlood once this exchange has brought more records than allowed."""
         if (
             self._without_data > TLS_RECORDS_WITHOUT_DATA
+            or self._bytes_without_data > TLS_BYTES_WITHOUT_DATA
             or self._records >= TLS_RECORDS_PER_EXCHANGE + (self._data >> 10)
         ):
-            raise TlsFlood(
-                f"the receiver sent {self._records} TLS records in one answer, "
-                f"{self._without_data} of them without data"
-            )
+            raise self._refuse("in one answer")
 
-    def read(self, *args: Any) -> Any:
-        inner = self._inner
-        if inner is None:
-            return super().read(*args)
+    def _restart(self) -> None:
+        self._records = self._without_data = self._bytes_without_data = self._data = 0
+
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:  # (SSLObject.read's names)
+        if self._inner is None:
+            return super().read(len, buffer)
         connection = self._sslobj  # (what SSLObject.read calls)
-        if inner.pending or connection.pending():  # OpenSSL has bytes, or data, already
+        arguments = (len,) if buffer is None else (len, buffer)
+        if self._inner.pending or connection.pending():  # OpenSSL has bytes, or data, already
             try:
-                return self._counted(connection.read(*args))
+                return self._counted(connection.read(*arguments))
             except ssl.SSLWantReadError:
                 pass
-        while True:  # one record at a time, each after which OpenSSL asks for more: no data
+        while True:  # one record at a time; after which OpenSSL still asks for more: no data
             self._check()
-            if not self._give():
-                raise ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ, _WANT_READ)
+            given = self._give()
+            if not given:
+                raise _want_read()
             try:
-                return self._counted(connection.read(*args))
+                return self._counted(connection.read(*arguments))
             except ssl.SSLWantReadError:
                 self._without_data += 1
+                self._bytes_without_data += given
 
     def _counted(self, data: Any) -> Any:
-        self._data += data if isinstance(data, int) else len(data)
+        self._data += data if isinstance(data, int) else builtins.len(data)
         return data
 
     def unwrap(self) -> Any:
@@ -253,23 +270,37 @@ class BoundedSSLObject(ssl.SSLObject):
                 return super().unwrap()
             except ssl.SSLWantReadError:
                 self._check()
-                if not self._give():
+                given = self._give()
+                if not given:
                     raise
                 self._without_data += 1
+                self._bytes_without_data += given
 
     def do_handshake(self) -> None:
         if self._inner is None:
             return super().do_handshake()
-        while True:  # (bounded by OpenSSL: the handshake's messages and their sizes)
+        while True:  # (the messages' sizes are OpenSSL's to bound; their records are counted)
             try:
-                return super().do_handshake()
+                super().do_handshake()
             except ssl.SSLWantReadError:
+                if self._records >= TLS_RECORDS_PER_EXCHANGE:
+                    raise self._refuse("in its handshake") from None
                 if not self._give():
                     raise
+                continue
+            self._restart()  # the answers' counts start now
+            return
 
     def write(self, data: Any) -> int:
-        self._records = self._without_data = self._data = 0  # a request: its answer's count
+        self._restart()  # a request: its answer's records are counted
         return int(self._sslobj.write(data))
+
+
+def _want_read() -> ssl.SSLWantReadError:
+    """The error OpenSSL gives a read that needs more bytes, as ``_ssl`` makes it."""
+    error = ssl.SSLWantReadError(ssl.SSL_ERROR_WANT_READ, _WANT_READ)
+    error.library = error.reason = None  # type: ignore[assignment]  # (as _ssl's: None)
+    return error
 
 
 class ResumingContext(ssl.SSLContext):
@@ -306,7 +337,7 @@ class ResumingContext(ssl.SSLContext):
         inner = ssl.MemoryBIO()  # OpenSSL's: the transport's bytes move there a record at a time
         connection = super().wrap_bio(inner, outgoing, server_side, server_hostname, session)
         bounded = cast(BoundedSSLObject, connection)
-        bounded._outer, bounded._inner = incoming, inner
+        bounded._outer, bounded._inner, bounded._held = incoming, inner, bytearray()
         return bounded
 
     def wants_session(self, host: str) -> bool:

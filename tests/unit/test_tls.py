@@ -465,7 +465,7 @@ def test_a_flood_of_records_without_data_ends_the_connection_early(
     (flooded,), _ = deliver(ticket_server(ca, 20_000), [settings], event_loop)
     (ordinary,), _ = deliver(ticket_server(ca, within), [settings], event_loop)
     assert (flooded.status, flooded.error) == (None, "tls_error"), flooded
-    assert f"{tls.TLS_RECORDS_WITHOUT_DATA + 1} of them without data" in flooded.detail
+    assert f"{tls.TLS_RECORDS_WITHOUT_DATA + 1} of them (" in flooded.detail, flooded.detail
     assert ordinary.status == 204, ordinary
 
 
@@ -602,3 +602,65 @@ def test_key_updates_interleaved_with_data_are_bounded_per_exchange(
         client.incoming.write(server.outgoing.read())
         assert read_all(client) == b"ok"
         client.tls.write(b"GET")  # the next request
+
+
+def test_records_without_data_are_bounded_in_bytes_too(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """One record may hold hundreds of small messages, each handled in the same call, so the
+    bytes of the records without data are bounded as well as their number: tickets carrying
+    the client's certificate (about 830 bytes each) are refused past TLS_BYTES_WITHOUT_DATA,
+    long before the count; fewer are taken."""
+    mutual = TlsSettings(files["ca"], files["cert_a"], files["key_a"])
+    outcomes = []
+    for tickets in (40, 10):
+        context = server_context(ca, require_client=True)
+        context.num_tickets = tickets
+        (outcome,), _ = deliver(context, [mutual], "uvloop")
+        outcomes.append(outcome)
+    flooded, ordinary = outcomes
+    assert (flooded.status, flooded.error) == (None, "tls_error"), flooded
+    records = int(flooded.detail.split("sent ")[1].split()[0])
+    assert records < tls.TLS_RECORDS_WITHOUT_DATA // 2, flooded.detail  # the bytes ended it
+    assert ordinary.status == 204, ordinary
+
+
+def reframed(flight: bytes, size: int) -> bytes:
+    """The same TLS records, each cut into records of at most ``size`` bytes of payload (as a
+    server may: a handshake message can span records)."""
+    out, at = bytearray(), 0
+    while at < len(flight):
+        head, length = flight[at : at + 3], int.from_bytes(flight[at + 3 : at + 5], "big")
+        body = flight[at + 5 : at + 5 + length]
+        at += 5 + length
+        for start in range(0, len(body), size):
+            piece = body[start : start + size]
+            out += head + len(piece).to_bytes(2, "big") + piece
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("size", "refused"), [(64, False), (1, True)])
+def test_a_handshake_in_more_records_than_allowed_is_refused(
+    ca: trustme.CA, files: dict[str, str], size: int, refused: bool
+) -> None:
+    """A TLS 1.2 server's first flight (plaintext) cut into one-byte records costs the client a
+    turn per record, over a thousand: refused past TLS_RECORDS_PER_EXCHANGE records in the
+    handshake. Cut into 64-byte records it goes on."""
+    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
+    server = MemoryEnd(server_context(ca, max_version=ssl.TLSVersion.TLSv1_2), True)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.tls.do_handshake()
+    server.incoming.write(client.outgoing.read())
+    with contextlib.suppress(ssl.SSLWantReadError):
+        server.tls.do_handshake()
+    client.incoming.write(reframed(server.outgoing.read(), size))
+    assert isinstance(client.tls, tls.BoundedSSLObject)
+    if refused:
+        with pytest.raises(tls.TlsFlood, match="in its handshake"):
+            client.tls.do_handshake()
+        assert client.tls._records == tls.TLS_RECORDS_PER_EXCHANGE
+        return
+    with pytest.raises(ssl.SSLWantReadError):  # waiting for the server's Finished
+        client.tls.do_handshake()
+    assert client.outgoing.pending  # its own next flight, written
+    assert client.tls._records > 10  # (the case means something: many records, all taken)
