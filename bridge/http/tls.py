@@ -71,10 +71,10 @@ _MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts 
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
-TLS_BYTES_WITHOUT_DATA: Final = 16 * 1024
+TLS_BYTES_WITHOUT_DATA: Final = 8 * 1024
 """Bytes of those records: one record may hold hundreds of small messages (900 tickets of 18
-bytes, 7 ms of OpenSSL's work), each handled in the same call. Two real tickets are about 500
-bytes, a few KB with a client certificate in them."""
+bytes, 7 ms of OpenSSL's work), each handled in the same call; 8 KiB of them is at most about
+3.6 ms. Two real tickets are about 500 bytes, 1.7 KB with a client certificate in them."""
 TLS_RECORDS_PER_EXCHANGE: Final = 256
 """TLS records a receiver may send per exchange in all, one more for each KiB of data: an answer
 fits in a few, a large body (records carry up to 16 KiB) in one per 16 KiB."""
