@@ -666,3 +666,60 @@ def test_a_handshake_in_more_records_than_allowed_is_refused(
         client.tls.do_handshake()
     assert client.outgoing.pending  # its own next flight, written
     assert client.tls._records > 10  # (the case means something: many records, all taken)
+
+
+def hello_requests(count: int) -> bytes:
+    """Plaintext TLS 1.2 handshake records holding ``count`` HelloRequests (4 bytes each), as
+    a server may send before its ServerHello; a client skips them, and they are in no hash."""
+    out, left = bytearray(), count
+    while left:
+        n = min(left, 4096)
+        out += b"\x16\x03\x03" + (4 * n).to_bytes(2, "big") + b"\x00\x00\x00\x00" * n
+        left -= n
+    return bytes(out)
+
+
+@pytest.mark.parametrize(("requests", "refused"), [(10, False), (40 * 4096, True)])
+def test_a_handshake_padded_past_its_bytes_is_refused(
+    ca: trustme.CA, files: dict[str, str], requests: int, refused: bool
+) -> None:
+    """HelloRequests before the ServerHello cost the client a parse each and carry nothing: a
+    first flight padded with 640 KiB of them (40 full records, under the record bound) is
+    refused past TLS_HANDSHAKE_BYTES; ten of them are skipped and the handshake goes on."""
+    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
+    server = MemoryEnd(server_context(ca, max_version=ssl.TLSVersion.TLSv1_2), True)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.tls.do_handshake()
+    server.incoming.write(client.outgoing.read())
+    with contextlib.suppress(ssl.SSLWantReadError):
+        server.tls.do_handshake()
+    client.incoming.write(hello_requests(requests) + server.outgoing.read())
+    if refused:
+        with pytest.raises(tls.TlsFlood, match="in its handshake"):
+            client.tls.do_handshake()
+        assert isinstance(client.tls, tls.BoundedSSLObject)
+        assert client.tls._handshake_bytes <= tls.TLS_HANDSHAKE_BYTES + 5 + 4 * 4096
+        return
+    with pytest.raises(ssl.SSLWantReadError):  # waiting for the server's Finished
+        client.tls.do_handshake()
+    assert client.outgoing.pending  # its own next flight, written
+
+
+@pytest.mark.parametrize(("version", "refused"), [("TLSv1.2", True), ("TLSv1.3", False)])
+def test_a_handshake_record_after_a_tls12_handshake_is_refused_unread(
+    ca: trustme.CA, files: dict[str, str], version: str, refused: bool
+) -> None:
+    """After a TLS 1.2 handshake (no renegotiation) a handshake record can only hold
+    HelloRequests, each answered by an alert: one larger than a single one is refused before
+    OpenSSL reads it (its content does not matter). In TLS 1.3 every record after the
+    handshake says it is data; OpenSSL judges this one (a bad record: an SSLError)."""
+    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
+    maximum = ssl.TLSVersion.TLSv1_2 if version == "TLSv1.2" else ssl.TLSVersion.TLSv1_3
+    server = MemoryEnd(server_context(ca, max_version=maximum), True)
+    connect(client, server)
+    client.tls.do_handshake()  # (done: as a transport does, which always asks before reading)
+    assert client.tls.version() == version
+    client.incoming.write(b"\x16\x03\x03\x00\x64" + bytes(100))
+    with pytest.raises(ssl.SSLError) as raised:
+        client.tls.read(1024)
+    assert isinstance(raised.value, tls.TlsFlood) is refused, raised.value
