@@ -641,13 +641,9 @@ def reframed(flight: bytes, size: int) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize(("size", "refused"), [(64, False), (1, True)])
-def test_a_handshake_in_more_records_than_allowed_is_refused(
-    ca: trustme.CA, files: dict[str, str], size: int, refused: bool
-) -> None:
-    """A TLS 1.2 server's first flight (plaintext) cut into one-byte records costs the client a
-    turn per record, over a thousand: refused past TLS_RECORDS_PER_EXCHANGE records in the
-    handshake. Cut into 64-byte records it goes on."""
+def tls12_first_flight(ca: trustme.CA, files: dict[str, str]) -> tuple[MemoryEnd, bytes]:
+    """A client that sent its hello to a TLS 1.2 server, and the server's first flight (its
+    hello, certificate, key exchange: plaintext records), not yet given to the client."""
     client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
     server = MemoryEnd(server_context(ca, max_version=ssl.TLSVersion.TLSv1_2), True)
     with contextlib.suppress(ssl.SSLWantReadError):
@@ -655,7 +651,18 @@ def test_a_handshake_in_more_records_than_allowed_is_refused(
     server.incoming.write(client.outgoing.read())
     with contextlib.suppress(ssl.SSLWantReadError):
         server.tls.do_handshake()
-    client.incoming.write(reframed(server.outgoing.read(), size))
+    return client, server.outgoing.read()
+
+
+@pytest.mark.parametrize(("size", "refused"), [(64, False), (1, True)])
+def test_a_handshake_in_more_records_than_allowed_is_refused(
+    ca: trustme.CA, files: dict[str, str], size: int, refused: bool
+) -> None:
+    """A TLS 1.2 server's first flight (plaintext) cut into one-byte records costs the client a
+    turn per record, over a thousand: refused past TLS_RECORDS_PER_EXCHANGE records in the
+    handshake. Cut into 64-byte records it goes on."""
+    client, flight = tls12_first_flight(ca, files)
+    client.incoming.write(reframed(flight, size))
     assert isinstance(client.tls, tls.BoundedSSLObject)
     if refused:
         with pytest.raises(tls.TlsFlood, match="in its handshake"):
@@ -686,14 +693,8 @@ def test_a_handshake_padded_past_its_bytes_is_refused(
     """HelloRequests before the ServerHello cost the client a parse each and carry nothing: a
     first flight padded with 640 KiB of them (40 full records, under the record bound) is
     refused past TLS_HANDSHAKE_BYTES; ten of them are skipped and the handshake goes on."""
-    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
-    server = MemoryEnd(server_context(ca, max_version=ssl.TLSVersion.TLSv1_2), True)
-    with contextlib.suppress(ssl.SSLWantReadError):
-        client.tls.do_handshake()
-    server.incoming.write(client.outgoing.read())
-    with contextlib.suppress(ssl.SSLWantReadError):
-        server.tls.do_handshake()
-    client.incoming.write(hello_requests(requests) + server.outgoing.read())
+    client, flight = tls12_first_flight(ca, files)
+    client.incoming.write(hello_requests(requests) + flight)
     if refused:
         with pytest.raises(tls.TlsFlood, match="in its handshake"):
             client.tls.do_handshake()
