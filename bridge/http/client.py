@@ -238,7 +238,6 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timeout = 0.0
         self.status = 0
-        self.head_bytes = 0
         self.header_bytes = 0
         self.body_bytes = 0
         self.framed = False  # the response has a Content-Length or Transfer-Encoding header
@@ -263,8 +262,7 @@ class _Connection(asyncio.Protocol):
         self.waiter = waiter = self.loop.create_future()
         self.timeout = timeout
         self.timer = self.loop.call_at(deadline, self._expire)
-        self.status = self.head_bytes = self.header_bytes = self.body_bytes = 0
-        self.response_bytes = self.reads = 0
+        self.status = self.header_bytes = self.body_bytes = self.response_bytes = self.reads = 0
         self.complete = self.capped = False
         self.busy = True
         self.exchanges += 1
@@ -325,9 +323,7 @@ class _Connection(asyncio.Protocol):
         if not self.busy:
             self.abort()  # bytes nobody asked for: the connection cannot be trusted any more
             return
-        if self.status == 0:
-            self.head_bytes += len(data)  # bytes of a head not yet complete, body perhaps
-        self.response_bytes += len(data)
+        self.response_bytes += len(data)  # (while the status is unknown: all of them the head's)
         self.reads += 1
         try:
             self.parser.feed_data(data)
@@ -345,7 +341,7 @@ class _Connection(asyncio.Protocol):
                 else:
                     self.abort()
                 return
-            if self.status == 0 and max(self.head_bytes, self.header_bytes) > self.header_limit:
+            if self.status == 0 and max(self.response_bytes, self.header_bytes) > self.header_limit:
                 problem = f"response head larger than {self.header_limit} bytes"
             elif self.response_bytes > self.response_limit:
                 problem = f"response longer than {self.response_limit} bytes without its end"
@@ -402,7 +398,7 @@ class _Connection(asyncio.Protocol):
             reason = f": {exc}" if exc is not None else ""
             where = "before a response" if self.status == 0 else "before the end of the response"
             kind = "tls_error" if isinstance(exc, ssl.SSLError) else "connection_error"
-            if self.tls and self.exchanges == 1 and self.head_bytes == 0 and exc is None:
+            if self.tls and self.exchanges == 1 and self.response_bytes == 0 and exc is None:
                 # In TLS 1.3 a server refuses a client certificate (or its absence) after the
                 # handshake, and the transport reports only the end of the stream.
                 kind = "tls_error"
