@@ -217,6 +217,34 @@ class Stage:
             future.result(30)
         return source
 
+    def join_first_group(self, timeout: float = 60.0) -> float:
+        """Join a throwaway consumer group once, before anything is measured; the seconds it
+        took.
+
+        The first group a fresh broker sees waits for the broker to create its offsets topic
+        (3.0-3.1 s on this machine, against 0.08 s for every later group), which a cluster in
+        service never shows. Without this, whichever scenario's bridge joined first paid it and
+        the next did not: ``--only many`` ran its 10,000-webhook bridge first, ``--only https``
+        its keep-alive bridge (docs/PERFORMANCE.md)."""
+        topic = f"bench-join-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **QUIET})
+        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[
+            topic
+        ].result(30)
+        assigned: list[bool] = []
+        consumer = self.reader("bench-join")
+        started = time.monotonic()
+        try:
+            consumer.subscribe([topic], on_assign=lambda _consumer, _parts: assigned.append(True))
+            while not assigned:
+                if time.monotonic() - started > timeout:
+                    raise RuntimeError(f"no partition assigned to a new group in {timeout:.0f} s")
+                consumer.poll(0.05)
+            return time.monotonic() - started
+        finally:
+            consumer.close()
+            admin.delete_topics([topic])[topic].result(30)
+
     def reader(self, prefix: str) -> Consumer:
         """A consumer in a new group reading from the beginning, committing only by hand."""
         return Consumer(
@@ -995,6 +1023,7 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     stage = Stage(bootstrap, workdir, broker_pid=broker.pid() if broker is not None else None)
     try:
+        results["broker"] = {"first_group_join_s": round(stage.join_first_group(), 3)}
         if wanted("pure"):
             _say("pure path")
             results["pure"] = scenario_pure(sizes.pure_records)

@@ -545,12 +545,14 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     stage = Stage(bootstrap, workdir)
     try:
+        first_join = round(stage.join_first_group(), 3)
         if args.churn_only:
             receiver = TlsReceiver(stage, make_certificates(workdir / "tls"))
             receiver.start()
             results = {"https_churn": scenario_https_churn(receiver, sizes.churn_records)}
         else:
             results = run_https(stage, sizes)
+        results["broker"] = {"first_group_join_s": first_join}
     finally:
         stage.stop_receiver()
         if broker is not None:

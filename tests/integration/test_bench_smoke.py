@@ -50,6 +50,28 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
     assert timing["rungs"]["1"]["count"] == results["sizes"]["retry_records"]
     assert "pure path >= 50,000 records/s" in results["targets"]
     assert "targets:" in result.stdout
+    assert results["broker"]["first_group_join_s"] > 0  # joined before anything was measured
+
+
+def test_first_group_joined_before_any_scenario(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The warm-up leaves what a cluster in service has (the offsets topic, so a group joins at
+    once) and takes its own topic away."""
+    from confluent_kafka.admin import AdminClient
+
+    from devtools.bench import Stage
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    before = set(admin.list_topics(timeout=10).topics)
+    assert Stage(kafka_bootstrap, tmp_path).join_first_group(timeout=60) > 0
+    deadline = time.monotonic() + 30
+    while True:
+        topics = set(admin.list_topics(timeout=10).topics)
+        left = {name for name in topics - before if name.startswith("bench-join-")}
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"{left} not deleted"
+        time.sleep(0.1)
+    assert "__consumer_offsets" in topics
 
 
 # ---- the hostile neighbour of the isolation scenario (bridge/bench_hostile.py) -----------------
