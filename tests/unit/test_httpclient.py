@@ -13,7 +13,14 @@ import trustme
 
 from bridge.core.destinations import DestinationPolicy
 from bridge.core.settings import DeliveryConfig
-from bridge.http.client import HttpClient, HttpError, Target, render_request
+from bridge.http.client import (
+    TARGET_GENERATION_S,
+    HttpClient,
+    HttpError,
+    Target,
+    _Targets,
+    render_request,
+)
 from bridge.http.resolver import SafeResolver
 from bridge.http.sender import HttpSender
 
@@ -43,6 +50,41 @@ def test_targets_name_port_ipv6_and_international_hosts() -> None:
     assert idn.head.startswith(b"POST /%C3%BC HTTP/1.1\r\nHost: xn--bcher-kva.example\r\n")
     with pytest.raises(HttpError, match="invalid_request"):
         Target.parse("ftp://h.example/")
+
+
+def test_each_url_is_parsed_once_however_many_there_are() -> None:
+    """Deliveries going round 25,000 webhooks parse each URL once (a bound on the count of
+    parsed URLs made every delivery parse again past 10,000 webhooks)."""
+    client = HttpClient(SafeResolver(DestinationPolicy()))
+    urls = [f"https://h{n % 5000}.example/hook/{n}" for n in range(25_000)] + ["ftp://x/"]
+    for _ in range(3):
+        for url in urls[:-1]:
+            assert client.target(url).head.startswith(
+                f"POST /hook/{url.rsplit('/', 1)[1]} ".encode()
+            )
+        with pytest.raises(HttpError, match="invalid_request"):
+            client.target(urls[-1])
+    assert client._targets.parsed == len(urls)
+
+
+def test_urls_unused_for_a_generation_are_forgotten() -> None:
+    """Reloads replace URLs: one unused for a whole generation is dropped; one used in each
+    generation is kept, never parsed again."""
+    targets = _Targets()
+    start = targets.started
+    for url in ("http://kept.example/", "http://gone.example/"):
+        targets.parse(url, start)
+    later = start + TARGET_GENERATION_S + 1
+    new = targets.parse("http://new.example/", later)  # swaps
+    assert isinstance(new, Target) and new.host == "new.example"
+    assert set(targets) == {"http://new.example/"}
+    targets.parse("http://kept.example/", later)  # from the previous generation, not parsed
+    assert targets.parsed == 3
+    targets.parse("http://other.example/", later + TARGET_GENERATION_S + 1)  # swaps again
+    assert "http://gone.example/" not in {*targets, *targets.previous}
+    assert "http://kept.example/" in targets.previous
+    targets.parse("http://gone.example/", later + TARGET_GENERATION_S + 2)
+    assert targets.parsed == 5
 
 
 def test_international_hosts_are_encoded_by_idna_2008() -> None:
