@@ -29,6 +29,7 @@ import pycares
 
 from bridge.core.destinations import DestinationPolicy
 from bridge.core.errors import DestinationRefusedError
+from bridge.http.expiring import Expiring
 
 log = logging.getLogger("bridge.http.resolver")
 
@@ -140,7 +141,7 @@ class SafeResolver:
         self._policy = policy
         self._lookup: Lookup = lookup if lookup is not None else AresLookup()
         self._ttl = ttl
-        self._cache: dict[str, tuple[float, Answer]] = {}
+        self._cache: Expiring[str, Answer] = Expiring()
         self._pending: dict[str, asyncio.Future[Answer]] = {}
 
     async def resolve(self, host: str, port: int) -> list[str]:
@@ -173,9 +174,8 @@ class SafeResolver:
             answer, ttl = socket.gaierror(f"lookup failed ({type(exc).__name__})"), FAILURE_TTL_S
         finally:
             del self._pending[host]
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[host] = (time.monotonic() + ttl, answer)
+        now = time.monotonic()
+        self._cache.put(host, now + ttl, answer, now)
         return answer
 
     def close(self) -> None:

@@ -68,11 +68,11 @@ import time
 from typing import Any, Final, cast
 
 from bridge.core.webhook import TlsSettings
+from bridge.http.expiring import Expiring
 
 VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 SESSION_MAX_AGE: Final = 300.0
 """Seconds a session is offered for resumption at most, counted from its full handshake."""
-_MAX_HOSTS: Final = 1024  # sessions kept per context; past it the cache starts again
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
@@ -339,7 +339,7 @@ class ResumingContext(ssl.SSLContext):
         super().__init__()
         # host name -> (monotonic time the entry ends, the session; None: the host gave none
         # that can be resumed)
-        self._sessions: dict[str | bytes, tuple[float, ssl.SSLSession | None]] = {}
+        self._sessions: Expiring[str | bytes, ssl.SSLSession | None] = Expiring()
 
     def wrap_bio(
         self,
@@ -385,9 +385,8 @@ class ResumingContext(ssl.SSLContext):
         lifetime = SESSION_MAX_AGE
         if session is not None and resumable and session.ticket_lifetime_hint > 0:
             lifetime = min(lifetime, session.ticket_lifetime_hint)
-        if len(self._sessions) >= _MAX_HOSTS and host not in self._sessions:
-            self._sessions.clear()
-        self._sessions[host] = (time.monotonic() + lifetime, session if resumable else None)
+        now = time.monotonic()
+        self._sessions.put(host, now + lifetime, session if resumable else None, now)
         return resumable
 
     def forget_sessions(self) -> None:

@@ -198,3 +198,19 @@ def test_one_lookup_serves_every_port_of_a_name() -> None:
         assert lookups.calls == ["shop.example"]
 
     asyncio.run(scenario())
+
+
+def test_every_name_is_remembered_however_many_hosts_are_configured() -> None:
+    """25,000 host names looked up, then again within their time: no second lookup (a bound
+    on the count of names, 10,000 until 2026-11-27, made each of them a lookup again)."""
+    names = {f"h{n}.example": ["192.0.2.1"] for n in range(25_000)}
+    lookups = Lookups(names)
+    resolver = SafeResolver(ANY, lookups, ttl=3600)
+
+    async def main() -> None:
+        for _ in range(2):
+            for name in names:
+                assert await resolver.resolve(name, 443) == ["192.0.2.1"]
+
+    asyncio.run(main())
+    assert len(lookups.calls) == len(names)

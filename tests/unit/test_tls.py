@@ -269,6 +269,22 @@ def test_only_a_full_handshake_gives_the_session_to_keep(
     assert not fresh.session_reused
 
 
+def test_sessions_are_kept_for_every_host_however_many(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """More hosts than the 1,024 that once made the kept sessions start again from nothing:
+    every host's session is still offered."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = make_context(TlsSettings(ca_file=files["ca"]))
+    assert isinstance(client, ResumingContext)
+    full = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    hosts = [f"h{n}.example" for n in range(3_000)]
+    for host in hosts:  # (one connection's session under each name: what is kept is the point)
+        assert client.keep_session(host, full)
+    assert not any(client.wants_session(host) for host in hosts)
+
+
 def test_a_host_giving_no_ticket_is_not_asked_again_for_a_while(
     ca: trustme.CA, files: dict[str, str]
 ) -> None:

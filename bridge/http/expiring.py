@@ -1,0 +1,39 @@
+"""What the delivery client remembers per host for a while (name lookups, TLS sessions): entries
+that end at a time of their own, dropped once ended, never because of how many there are.
+
+The hosts come from the configuration only, so the entries alive at once are bounded by the
+webhooks configured and the time each entry lasts. A bound on the count instead (10,000 names
+and 1,024 TLS hosts, until 2026-11-27) was a cliff: past it the cache started again from
+nothing, so a configuration with more hosts than that looked every name up again and made a
+full TLS handshake where a session would have been resumed.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+PURGE_FLOOR: Final = 1024
+"""Entries held before the first sweep for ended ones."""
+
+
+class Expiring(dict[K, tuple[float, V]], Generic[K, V]):
+    """``key -> (end, value)``, ``end`` a ``time.monotonic()`` time. Readers check ``end``
+    themselves (a lookup is one ``dict.get``); :meth:`put` sweeps out the ended entries
+    whenever the map has doubled since the last sweep, so the sweeps cost O(1) per put
+    amortized and the map holds at most twice the entries alive at the last sweep (or
+    :data:`PURGE_FLOOR`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sweep_at = PURGE_FLOOR
+
+    def put(self, key: K, end: float, value: V, now: float) -> None:
+        """Hold ``value`` for ``key`` until ``end``."""
+        if len(self) >= self._sweep_at and key not in self:
+            for ended in [k for k, (until, _) in self.items() if until <= now]:
+                del self[ended]
+            self._sweep_at = max(PURGE_FLOOR, 2 * len(self))
+        self[key] = (end, value)
