@@ -24,16 +24,22 @@ class Expiring(dict[K, tuple[float, V]], Generic[K, V]):
     themselves (a lookup is one ``dict.get``); :meth:`put` sweeps out the ended entries
     whenever the map has doubled since the last sweep, so the sweeps cost O(1) per put
     amortized and the map holds at most twice the entries alive at the last sweep (or
-    :data:`PURGE_FLOOR`)."""
+    :data:`PURGE_FLOOR`), and never more than ``limit``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         super().__init__()
         self._sweep_at = PURGE_FLOOR
+        self.limit = limit
+        """At most this many entries (None: no bound): at the limit, once the ended ones are
+        swept out, the entry put longest ago goes (one, not all)."""
 
     def put(self, key: K, end: float, value: V, now: float) -> None:
         """Hold ``value`` for ``key`` until ``end``."""
-        if len(self) >= self._sweep_at and key not in self:
-            for ended in [k for k, (until, _) in self.items() if until <= now]:
-                del self[ended]
-            self._sweep_at = max(PURGE_FLOOR, 2 * len(self))
+        if key not in self:
+            if len(self) >= self._sweep_at:
+                for ended in [k for k, (until, _) in self.items() if until <= now]:
+                    del self[ended]
+                self._sweep_at = max(PURGE_FLOOR, 2 * len(self))
+            if self.limit is not None and len(self) >= self.limit:
+                del self[next(iter(self))]
         self[key] = (end, value)

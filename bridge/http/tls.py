@@ -73,6 +73,10 @@ from bridge.http.expiring import Expiring
 VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 SESSION_MAX_AGE: Final = 300.0
 """Seconds a session is offered for resumption at most, counted from its full handshake."""
+SESSION_HOSTS: Final = 16_384
+"""Hosts whose session a context keeps at most (past it the one kept longest goes): memory,
+with a ticket of a kilobyte or two each (a receiver's tickets are bounded per exchange by
+:data:`TLS_BYTES_WITHOUT_DATA`)."""
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
@@ -339,7 +343,7 @@ class ResumingContext(ssl.SSLContext):
         super().__init__()
         # host name -> (monotonic time the entry ends, the session; None: the host gave none
         # that can be resumed)
-        self._sessions: Expiring[str | bytes, ssl.SSLSession | None] = Expiring()
+        self._sessions: Expiring[str | bytes, ssl.SSLSession | None] = Expiring(SESSION_HOSTS)
 
     def wrap_bio(
         self,

@@ -40,3 +40,12 @@ def test_the_map_stays_within_twice_its_live_entries() -> None:
         entries.put(n, now + 30, None, now)
         largest = max(largest, len(entries))
     assert largest <= 2 * 3_000 + 1
+
+
+def test_at_its_limit_the_entry_put_longest_ago_goes() -> None:
+    entries: Expiring[str, int] = Expiring(limit=3)
+    for n, key in enumerate("abcde"):
+        entries.put(key, 100.0, n, now=0.0)
+    assert list(entries) == ["c", "d", "e"]
+    entries.put("d", 200.0, 9, now=0.0)  # a key held: replaced, nothing goes
+    assert entries == {"c": (100.0, 2), "d": (200.0, 9), "e": (100.0, 4)}
