@@ -39,6 +39,15 @@ _BRACKETED_NETLOC: Final = re.compile(r"\[[^\]]*\](?::[0-9]*)?")
 _QUOTED_ALREADY: Final = re.compile("[A-Za-z0-9_.~" + re.escape("-" + PATH_SAFE) + "]*")
 """Text that ``quote(text, safe=PATH_SAFE)`` returns as it is (unreserved or safe ASCII)."""
 _IPV4_CHARS: Final = re.compile(r"[0-9.]+")  # all an IPv4 address in dotted form is made of
+_PLAIN_URL: Final = re.compile(
+    r"(https?)://([a-z0-9_.-]+)(?::([1-9][0-9]{0,4}))?"
+    r"(/[A-Za-z0-9_.~%:@!$&'()*+,;=/-]*)?(?:\?([A-Za-z0-9_.~%:@!$&'()*+,;=/?-]*))?"
+)
+"""The URLs most webhooks have: a lowercase scheme, an ASCII host name or IPv4 address in lowercase,
+an optional port from 1 to 99999 without leading zeros, a path and a query of characters that
+need no quoting. No userinfo, fragment, brackets, whitespace or control character can match, so
+for these ``urlsplit`` and the checks below have nothing to say: :func:`parse_webhook_url` takes
+them apart directly (about a quarter of the time), with the same result (a property test)."""
 
 
 class UrlError(ValueError):
@@ -73,6 +82,16 @@ def parse_webhook_url(url: str) -> WebhookUrl:
     """The parts of an absolute http(s) URL, or UrlError naming what is wrong."""
     if len(url) > MAX_URL_LENGTH:
         raise UrlError(f"longer than {MAX_URL_LENGTH} characters")
+    plain = _PLAIN_URL.fullmatch(url)
+    if plain is not None:
+        scheme, hostname, port_text, path, query = plain.groups()
+        port = int(port_text) if port_text else DEFAULT_PORTS[scheme]
+        if port <= 65535:
+            host, is_ip = _host(hostname, False)
+            target = path or "/"
+            if query:
+                target = f"{target}?{query}"
+            return WebhookUrl(scheme, host, port, target, is_ip)
     forbidden = _FORBIDDEN.search(url)
     if forbidden is not None:
         raise UrlError(f"contains {_describe(forbidden.group())} at position {forbidden.start()}")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.core import urls
 from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url
 
 
@@ -82,3 +87,56 @@ def test_a_bad_port_is_not_echoed() -> None:
     with pytest.raises(UrlError) as caught:
         parse_webhook_url("https://h.example:hunter2/")
     assert "hunter2" not in str(caught.value)
+
+
+# ---- the direct path for plain URLs (_PLAIN_URL) gives what the general one gives ------------
+
+_PIECES = st.sampled_from(
+    ["a", "Z", "0", "9", "-", "_", ".", "~", "%", "%2F", ":", "@", "!", "$", "&", "'", "(", "*",
+     "+", ",", ";", "=", "/", "?", "#", "[", "]", " ", "\t", "ä", "\x00", "ß", "xn--", "A"]
+)  # fmt: skip
+_HOSTS = st.sampled_from(
+    ["h.example", "a", "H.example", "a..b", "a.b.", "-a.b", "a_b.c", "1.2.3.4", "1.2.3",
+     "0x7f.1", "256.1.1.1", "a" * 64 + ".c", "xn--bcher-kva.example", "", "127.0.0.1", "h"]
+)  # fmt: skip
+_PORTS = st.sampled_from(["", ":", ":0", ":1", ":80", ":443", ":08", ":65535", ":65536", ":99999",
+                          ":123456", ":x"])  # fmt: skip
+
+
+def _outcome(url: str) -> WebhookUrl | str:
+    try:
+        return parse_webhook_url(url)
+    except UrlError as exc:
+        return f"UrlError: {exc}"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    scheme=st.sampled_from(["http", "https", "HTTP", "ftp", "http:", ""]),
+    host=_HOSTS,
+    port=_PORTS,
+    path=st.lists(_PIECES, max_size=8).map("".join),
+    query=st.none() | st.lists(_PIECES, max_size=6).map("".join),
+)
+def test_plain_urls_are_taken_apart_as_the_general_path_does(
+    scheme: str, host: str, port: str, path: str, query: str | None
+) -> None:
+    url = f"{scheme}://{host}{port}{'/' + path if path else ''}"
+    if query is not None:
+        url = f"{url}?{query}"
+    direct = _outcome(url)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(urls, "_PLAIN_URL", re.compile(r"(?!)"))  # matches nothing
+        general = _outcome(url)
+    assert direct == general, url
+
+
+def test_plain_urls_take_the_direct_path() -> None:
+    """The common shapes match it (else the property above proves nothing about them)."""
+    for url in [
+        "https://hooks.shop-1.net/webhooks/4?source=bridge",
+        "http://93.184.7.8:8443/in",
+        "https://h.example",
+        "https://h.example:65535/a/b;c=d?x=1&y=%C3%A4",
+    ]:
+        assert urls._PLAIN_URL.fullmatch(url), url
