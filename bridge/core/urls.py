@@ -85,13 +85,13 @@ def parse_webhook_url(url: str) -> WebhookUrl:
     plain = _PLAIN_URL.fullmatch(url)
     if plain is not None:
         scheme, hostname, port_text, path, query = plain.groups()
-        port = int(port_text) if port_text else DEFAULT_PORTS[scheme]
-        if port <= 65535:
+        number = int(port_text) if port_text else DEFAULT_PORTS[scheme]
+        if number <= 65535:
             host, is_ip = _host(hostname, False)
             target = path or "/"
             if query:
                 target = f"{target}?{query}"
-            return WebhookUrl(scheme, host, port, target, is_ip)
+            return WebhookUrl(scheme, host, number, target, is_ip)
     forbidden = _FORBIDDEN.search(url)
     if forbidden is not None:
         raise UrlError(f"contains {_describe(forbidden.group())} at position {forbidden.start()}")
