@@ -64,15 +64,16 @@ _DELIVERY_NOTES: Final = """\
 TLS connections are pooled per origin and TLS setting. A new connection resumes the TLS session of
 an earlier full handshake with the same host name through the same setting, for at most 5 minutes
 (less if the receiver's ticket says so): a receiver that closes after each answer costs an
-abbreviated handshake, and its certificate is still verified by a full handshake at least every
-5 minutes. Sessions are kept for up to 16,384 host names per TLS setting (past that the one kept
-longest goes), and name lookups for as long as they last, however many hosts there are (until
-2026-11-27 both started again from nothing past 1,024 and 10,000 hosts, and parsed URLs past
-10,000 webhooks, so a larger configuration paid a full handshake, a lookup or a parse again). A
-closed connection releases its TLS state at once, and every 1,000 TLS connections
-closed the process gives freed memory back to the system (`malloc_trim`): 100,000 deliveries to
-a receiver that closes after each answer peak at about 113 MB (354 MB before; `make bench --only
-https`, `https_churn`)."""
+abbreviated handshake, and its certificate is still verified by a full handshake at least every 5
+minutes. Sessions are kept for up to 2,048 host names per TLS setting (past that the one used
+longest ago goes; a kept session holds the server's certificates, about 14 KB, and one whose
+certificate is over 8 KiB is not kept), name lookups for as long as they last and parsed URLs for as
+long as they are used, however many hosts there are (until 2026-11-27 all three started again from
+nothing past 1,024 TLS hosts, 10,000 names and 10,000 URLs, so a larger configuration paid a full
+handshake, a lookup or a parse again for every host). A closed connection releases its TLS state at
+once, and every 1,000 TLS connections closed the process gives freed memory back to the system
+(`malloc_trim`): 100,000 deliveries to a receiver that closes after each answer peak at about 113 MB
+(354 MB before; `make bench --only https`, `https_churn`)."""
 
 _WEBHOOKS_INTRO: Final = """\
 A list; each entry is one subscription with its own deliveries and its own retry state. An account

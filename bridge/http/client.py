@@ -617,7 +617,7 @@ class HttpClient:
         if target is None:
             target = self._targets.parse(url, time.monotonic())
         if isinstance(target, HttpError):
-            raise target
+            raise target.with_traceback(None)  # (the one kept must not collect every raise's)
         return target
 
     async def post(

@@ -10,7 +10,8 @@ full TLS handshake where a session would have been resumed.
 
 from __future__ import annotations
 
-from typing import Final, Generic, TypeVar
+from collections import OrderedDict
+from typing import Final, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -19,27 +20,32 @@ PURGE_FLOOR: Final = 1024
 """Entries held before the first sweep for ended ones."""
 
 
-class Expiring(dict[K, tuple[float, V]], Generic[K, V]):
-    """``key -> (end, value)``, ``end`` a ``time.monotonic()`` time. Readers check ``end``
-    themselves (a lookup is one ``dict.get``); :meth:`put` sweeps out the ended entries
-    whenever the map has doubled since the last sweep, so the sweeps cost O(1) per put
-    amortized and the map holds at most twice the entries alive at the last sweep (or
-    :data:`PURGE_FLOOR`), and never more than ``limit``."""
+class Expiring(OrderedDict[K, tuple[float, V]]):
+    """``key -> (end, value)``, ``end`` a ``time.monotonic()`` time, in the order of their last
+    :meth:`put`. Readers check ``end`` themselves (a lookup is one ``dict.get``).
+
+    :meth:`put` first drops the ended entries at the front (put longest ago), and sweeps out
+    every ended entry whenever the map has doubled since the last sweep, so the sweeps cost O(1)
+    per put amortized and the map holds at most twice the entries alive at the last sweep (or
+    :data:`PURGE_FLOOR`). With ``limit``, a full map drops the entry put longest ago (one, not
+    all), also O(1)."""
 
     def __init__(self, limit: int | None = None) -> None:
         super().__init__()
         self._sweep_at = PURGE_FLOOR
         self.limit = limit
-        """At most this many entries (None: no bound): at the limit, once the ended ones are
-        swept out, the entry put longest ago goes (one, not all)."""
 
     def put(self, key: K, end: float, value: V, now: float) -> None:
         """Hold ``value`` for ``key`` until ``end``."""
-        if key not in self:
+        if key in self:
+            self.move_to_end(key)
+        else:
+            while self and next(iter(self.values()))[0] <= now:
+                self.popitem(last=False)
             if len(self) >= self._sweep_at:
                 for ended in [k for k, (until, _) in self.items() if until <= now]:
                     del self[ended]
                 self._sweep_at = max(PURGE_FLOOR, 2 * len(self))
             if self.limit is not None and len(self) >= self.limit:
-                del self[next(iter(self))]
+                self.popitem(last=False)
         self[key] = (end, value)

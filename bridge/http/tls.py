@@ -73,10 +73,13 @@ from bridge.http.expiring import Expiring
 VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 SESSION_MAX_AGE: Final = 300.0
 """Seconds a session is offered for resumption at most, counted from its full handshake."""
-SESSION_HOSTS: Final = 16_384
-"""Hosts whose session a context keeps at most (past it the one kept longest goes): memory,
-with a ticket of a kilobyte or two each (a receiver's tickets are bounded per exchange by
-:data:`TLS_BYTES_WITHOUT_DATA`)."""
+SESSION_HOSTS: Final = 2_048
+"""Hosts whose session a context keeps at most (past it the one kept longest goes). A kept
+session holds the server's parsed certificates, about 14 KB with a common one (measured: 1,024
+hosts about 14 MB, 2,048 about 29 MB per TLS setting)."""
+SESSION_CERT_LIMIT: Final = 8 * 1024
+"""A session whose server certificate is larger than this (DER bytes) is not kept: a 28 KB
+certificate of 480 names made each kept session hold about 190 KB (a review measured it)."""
 TLS_RECORDS_WITHOUT_DATA: Final = 64
 """TLS records carrying no data (session tickets, key updates, warning alerts, empty records) a
 receiver may send per exchange; a server sends one or two tickets after a handshake."""
@@ -378,7 +381,8 @@ class ResumingContext(ssl.SSLContext):
         """Offer the session of ``connection`` (made through this context with server name
         ``host``) to new connections to ``host`` if its handshake was a full one and the server
         gave a session ticket (TLS 1.3 or 1.2; sessions resumed by a TLS 1.2 session id alone are
-        not, servers rarely keep them). Returns whether it was kept; without a ticket, none is
+        not, servers rarely keep them), and its certificate is at most
+        :data:`SESSION_CERT_LIMIT` bytes. Returns whether it was kept; without a ticket, none is
         offered to ``host`` and none wanted from it for as long as a session would have been.
         Call it once the connection has read data from the server: a TLS 1.3 ticket arrives
         after the handshake."""
@@ -386,6 +390,9 @@ class ResumingContext(ssl.SSLContext):
             return False
         session = connection.session  # a copy of the session, as its ticket now stands
         resumable = session is not None and session.has_ticket
+        if resumable:  # (what a kept session holds grows with the server's certificate)
+            certificate = connection.getpeercert(binary_form=True)
+            resumable = certificate is not None and len(certificate) <= SESSION_CERT_LIMIT
         lifetime = SESSION_MAX_AGE
         if session is not None and resumable and session.ticket_lifetime_hint > 0:
             lifetime = min(lifetime, session.ticket_lifetime_hint)

@@ -269,20 +269,21 @@ def test_only_a_full_handshake_gives_the_session_to_keep(
     assert not fresh.session_reused
 
 
-def test_sessions_are_kept_for_every_host_however_many(
+def test_sessions_are_kept_for_every_host_up_to_the_bound(
     ca: trustme.CA, files: dict[str, str]
 ) -> None:
     """More hosts than the 1,024 that once made the kept sessions start again from nothing:
-    every host's session is still offered."""
+    every host's session up to SESSION_HOSTS is offered; one more drops only the oldest."""
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server)
     client = make_context(TlsSettings(ca_file=files["ca"]))
     assert isinstance(client, ResumingContext)
     full = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
-    hosts = [f"h{n}.example" for n in range(3_000)]
+    hosts = [f"h{n}.example" for n in range(tls.SESSION_HOSTS + 1)]
     for host in hosts:  # (one connection's session under each name: what is kept is the point)
         assert client.keep_session(host, full)
-    assert not any(client.wants_session(host) for host in hosts)
+    assert client.wants_session(hosts[0])
+    assert not any(client.wants_session(host) for host in hosts[1:])
 
 
 def test_a_host_giving_no_ticket_is_not_asked_again_for_a_while(
@@ -740,3 +741,22 @@ def test_a_handshake_record_after_a_tls12_handshake_is_refused_unread(
     with pytest.raises(ssl.SSLError) as raised:
         client.tls.read(1024)
     assert isinstance(raised.value, tls.TlsFlood) is refused, raised.value
+
+
+def test_a_session_with_a_large_certificate_is_not_kept(
+    ca: trustme.CA, files: dict[str, str]
+) -> None:
+    """What a kept session holds grows with the server's certificate (about 190 KB for one of
+    28 KB): over SESSION_CERT_LIMIT it is not kept, and the host is not asked again for a
+    while, as one giving no ticket."""
+    names = [f"n{n:04d}-{'x' * 40}.example" for n in range(200)]  # a certificate over 8 KiB
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", *names).configure_cert(server)
+    client = make_context(TlsSettings(ca_file=files["ca"]))
+    assert isinstance(client, ResumingContext)
+    connection = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    assert len(connection.getpeercert(binary_form=True) or b"") > tls.SESSION_CERT_LIMIT
+    assert not client.keep_session("127.0.0.1", connection)
+    assert not client.wants_session("127.0.0.1")
+    again = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
+    assert not again.session_reused
