@@ -1678,11 +1678,18 @@ class _Loader:
         unless the key names a secret: every other value may be shown (logs, metrics, messages,
         the configuration's repr)."""
         values = section.values
-        for key in keys:
-            value = values.get(key)
-            if not isinstance(value, str | Path) or _is_secret_key(key):
-                continue
-            if self._secrets.found_in(str(value)):
+        shown = [
+            (key, str(value))
+            for key in keys
+            if isinstance(value := values.get(key), str | Path) and not _is_secret_key(key)
+        ]
+        found_in = self._secrets.found_in
+        # Asked of the values together first (one call, not one per field: a tenth of a load):
+        # a value holding a secret makes the joined text hold it, so only then one by one.
+        if len(shown) > 1 and not found_in("\0".join(text for _, text in shown)):
+            return
+        for key, text in shown:
+            if found_in(text):
                 self.problem(section.nodes[key], section.where(key), _SHOWN_SECRET)
 
     def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:

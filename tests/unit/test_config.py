@@ -808,6 +808,16 @@ def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_shown_fields_are_judged_one_by_one_not_joined(tmp_path: Path) -> None:
+    """The shown fields are asked together first (one call per webhook): a secret made of the
+    end of one field and the start of the next, across the joint, is in neither of them."""
+    joint = '"shop-main\\0acct_123"'  # the id, a NUL (what joins them), the account
+    assert load_config(write(tmp_path, webhook_yaml(secret=joint))).webhooks[0].id == "shop-main"
+    planted = webhook_yaml(secret=joint, account=f"acct_{PLANTED}")
+    text = planted.replace("secret:", f"previous_secret: {PLANTED}\n    secret:")
+    assert only_problem(write(tmp_path, text)).startswith(f"{SHOP} 'account': holds the value")
+
+
 def test_at_most_1000_problems_are_listed(tmp_path: Path) -> None:
     text = "retry:\n" + "".join(f"  unknown{n}: 1\n" for n in range(1500)) + "webhooks: []\n"
     problems = problems_of(write(tmp_path, text))
