@@ -29,7 +29,7 @@ import pycares
 
 from bridge.core.destinations import DestinationPolicy
 from bridge.core.errors import DestinationRefusedError
-from bridge.http.expiring import Expiring
+from bridge.core.expiring import Expiring
 
 log = logging.getLogger("bridge.http.resolver")
 

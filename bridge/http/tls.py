@@ -67,8 +67,8 @@ import sys
 import time
 from typing import Any, Final, cast
 
+from bridge.core.expiring import Expiring
 from bridge.core.webhook import TlsSettings
-from bridge.http.expiring import Expiring
 
 VERSIONS: Final = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 SESSION_MAX_AGE: Final = 300.0

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any, Final
 
+from bridge.core.expiring import Expiring
+
 LIBRDKAFKA: Final = logging.getLogger("bridge.kafka.librdkafka")
 """The logger given to every Kafka client (``{"logger": LIBRDKAFKA}``)."""
 
@@ -39,7 +41,9 @@ SUMMARY_WINDOW_S: Final = 10.0
 SUMMARISED_EVENTS: Final = frozenset({"kafka.error"})
 PER_WEBHOOK_EVENTS: Final = frozenset({"delivery.failed", "delivery.dead_lettered"})
 """Summarised per webhook: one line per webhook and window, whatever the records and reasons."""
-MAX_KINDS: Final = 20_000  # kinds remembered; past it, the memory starts again
+KIND_MEMORY_WINDOWS: Final = 6
+"""A kind is forgotten this many windows after it last passed (with the repeats of its last
+window not yet reported): kinds held are those seen lately, whatever their number."""
 QUEUE_LIMIT: Final = 10_000
 """Lines waiting for the writer thread at most; past it, lines are dropped and counted."""
 CLOSE_WAIT_S: Final = 2.0
@@ -59,7 +63,7 @@ class Summarise(logging.Filter):
     def __init__(self, window: float = SUMMARY_WINDOW_S) -> None:
         super().__init__()
         self.window = window
-        self._kinds: dict[str, tuple[float, int]] = {}  # kind -> (passed at, dropped since)
+        self._kinds: Expiring[str, tuple[float, int]] = Expiring()  # kind -> (passed at, dropped)
         self._lock = threading.Lock()  # librdkafka's threads log too (a filter runs unlocked)
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -76,13 +80,15 @@ class Summarise(logging.Filter):
             return True
         now = time.monotonic()
         with self._lock:
-            passed, dropped = self._kinds.get(kind, (float("-inf"), 0))
-            if now - passed < self.window:
-                self._kinds[kind] = (passed, dropped + 1)
-                return False
-            if len(self._kinds) >= MAX_KINDS:
-                self._kinds.clear()
-            self._kinds[kind] = (now, 0)
+            held = self._kinds.get(kind)
+            dropped = 0
+            if held is not None:
+                end, (passed, dropped) = held
+                if now - passed < self.window:
+                    self._kinds[kind] = (end, (passed, dropped + 1))  # (keeps its place)
+                    return False
+            end = now + KIND_MEMORY_WINDOWS * self.window
+            self._kinds.put(kind, end, (now, 0), now)
         if dropped:
             record.fields = {**fields, "repeated": dropped}
         return True

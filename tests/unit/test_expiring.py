@@ -1,9 +1,9 @@
 """What the delivery client remembers per host ends by time, never by count
-(bridge/http/expiring.py)."""
+(bridge/core/expiring.py)."""
 
 from __future__ import annotations
 
-from bridge.http.expiring import PURGE_FLOOR, Expiring
+from bridge.core.expiring import PURGE_FLOOR, Expiring
 
 
 def test_every_live_entry_is_kept_however_many() -> None:

@@ -90,6 +90,25 @@ def test_a_failing_webhook_writes_one_line_per_window_not_one_per_record(
     assert late["message_id"] == "msg_late" and late["repeated"] == 999
 
 
+def test_every_failing_webhook_is_summarised_however_many_fail(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30,000 webhooks failing at once (a shared receiver platform down): one line per webhook
+    and window still. The kinds were once held up to a count, 20,000, then all forgotten, so
+    past about 6,700 failing webhooks most failed deliveries wrote a line of their own."""
+    clock = [1000.0]
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    log = logging.getLogger("bridge.engine")
+    for _ in range(2):
+        for n in range(30_000):
+            log.info("delivery.failed", extra={"fields": {"webhook": f"w{n}", "next": "retry 1"}})
+        clock[0] += 1
+    assert len(lines(stream)) == 30_000
+    clock[0] += 61  # the window is 60 s here
+    log.info("delivery.failed", extra={"fields": {"webhook": "w7", "next": "retry 1"}})
+    assert lines(stream)[-1]["repeated"] == 1
+
+
 # --- Lines are written by a thread of their own ------------------------------------------------
 
 
@@ -233,5 +252,5 @@ def test_repeats_counted_from_several_threads_are_all_counted() -> None:
         worker.start()
     for worker in workers:
         worker.join()
-    ((_passed, dropped),) = summarise._kinds.values()
+    ((_end, (_passed, dropped)),) = summarise._kinds.values()
     assert dropped == threads * per_thread - 1  # every repeat but the first one passed

@@ -1,11 +1,13 @@
-"""What the delivery client remembers per host for a while (name lookups, TLS sessions): entries
-that end at a time of their own, dropped once ended, never because of how many there are.
+"""What the bridge remembers per host, webhook or kind of event for a while (name lookups, TLS
+sessions, log summaries): entries that end at a time of their own, dropped once ended, never
+because of how many there are.
 
-The hosts come from the configuration only, so the entries alive at once are bounded by the
-webhooks configured and the time each entry lasts. A bound on the count instead (10,000 names
-and 1,024 TLS hosts, until 2026-11-27) was a cliff: past it the cache started again from
-nothing, so a configuration with more hosts than that looked every name up again and made a
-full TLS handshake where a session would have been resumed.
+The keys come from the configuration (hosts, webhooks), so the entries alive at once are bounded
+by the webhooks configured and the time each entry lasts. A bound on the count instead (10,000
+names and 1,024 TLS hosts, until 2026-11-27) was a cliff: past it the cache started again from
+nothing, so a configuration with more hosts than that looked every name up again and made a full
+TLS handshake where a session would have been resumed; and the log summary, past 20,000 kinds
+(three per failing webhook), logged a line per failed delivery again.
 """
 
 from __future__ import annotations
