@@ -118,6 +118,7 @@ class Lane:
         "last_answer",
         "limit",
         "patience",
+        "queued",
         "waiters",
         "watch",
     )
@@ -128,8 +129,10 @@ class Lane:
         patience: float,
         hurry: Callable[[], bool] = lambda: False,
         account: AccountCredit | None = None,
+        queued: dict[Lane, None] | None = None,
     ) -> None:
         self.limit = limit
+        self.queued = queued  # the lanes that may have waiters (Lanes.shed_waiters visits them)
         self.patience = patience
         self.hurry = hurry  # true while waiters hold up others (the in-flight limit is reached)
         self.account = account  # the budget shared with the account's other webhooks
@@ -238,6 +241,8 @@ class Lane:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self.waiters.append((waiter, time.monotonic()))
+        if self.queued is not None:
+            self.queued[self] = None
         self._watch_waiters()
         try:
             return await waiter
@@ -406,6 +411,7 @@ class Lanes(dict[str, Lane]):
         self.stall_patience = stall_patience
         self.hurry = hurry
         self.accounts: dict[str, AccountCredit] = {}  # of the accounts that have had a lane
+        self.queued: dict[Lane, None] = {}  # lanes that had a waiter since the last shed
 
     def of(self, webhook: Webhook) -> Lane:
         """The webhook's lane, made now if it has none yet."""
@@ -416,6 +422,7 @@ class Lanes(dict[str, Lane]):
                 self.patience(webhook),
                 hurry=self.hurry,
                 account=self.account(webhook.account),
+                queued=self.queued,
             )
         return lane
 
@@ -450,9 +457,11 @@ class Lanes(dict[str, Lane]):
         """At the in-flight limit: park the deliveries that waited a lane's patience or more for
         one of its slots (a webhook too slow for its traffic), so they do not hold up the
         others' records."""
-        for lane in self.values():
+        for lane in list(self.queued):
             if lane.waiters:
                 lane.shed()
+            if not lane.waiters:
+                del self.queued[lane]
 
     def needing_attention(self, failing: Mapping[str, float]) -> list[dict[str, Any]]:
         """A row for each webhook failing now (``failing``: since when), stalled, out of
