@@ -97,6 +97,7 @@ class TrackedWebhooks:
         self.configured: frozenset[str] | None = None  # None: every webhook id is accepted
         self._failing_since = failing_since
         self._failing_count = failing_count
+        self._all_failed_until = float("-inf")  # no member can give way to a failing one before
 
     def label(self, webhook: str, failing: bool | None = None) -> str:
         """The ``webhook`` label for traffic of ``webhook``: its id when tracked, else ``OTHER``.
@@ -168,6 +169,7 @@ class TrackedWebhooks:
                 return None
             self._evict(victim)
         member = self.members[webhook] = _Member(now)
+        self._all_failed_until = float("-inf")  # (the newcomer may have no failure)
         if webhook in self.failing:
             self._show_failing(webhook)
         return member
@@ -179,11 +181,15 @@ class TrackedWebhooks:
         oldest, member = next(iter(self.members.items()))
         if now - member.last_seen >= IDLE_AFTER_S:
             return oldest
-        if failing:
-            return next(
+        if failing and now >= self._all_failed_until:
+            victim = next(
                 (w for w, m in self.members.items() if now - m.last_failure >= RECENT_FAILURE_S),
                 None,
             )
+            if victim is None:  # failures only move later: none gives way before the first ages
+                first = min(m.last_failure for m in self.members.values())
+                self._all_failed_until = first + RECENT_FAILURE_S
+            return victim
         return None
 
     def _evict(self, webhook: str) -> None:
