@@ -444,14 +444,26 @@ class Lanes(dict[str, Lane]):
 
     def reconfigure(self, subscriptions: Subscriptions) -> None:
         """Give the existing lanes the limit and patience of their webhook's new settings
-        (only the lanes that exist are visited: cheap at 10,000 webhooks)."""
+        (only the lanes that exist are visited: cheap at 10,000 webhooks), and drop the lanes
+        of webhooks no longer configured once nothing is in them, with the accounts left
+        without a lane (else every webhook ever configured kept a lane, reload after reload)."""
+        gone = []
         for webhook_id, lane in self.items():
             webhook = subscriptions.get(webhook_id)
-            if webhook is not None:
-                lane.limit = webhook.concurrency
-                lane.patience = self.patience(webhook)
-                lane.account = self.account(webhook.account)
-                lane.admit()  # a raised limit lets waiters in now
+            if webhook is None:
+                if not lane.active and not lane.waiters:
+                    gone.append(webhook_id)
+                continue
+            lane.limit = webhook.concurrency
+            lane.patience = self.patience(webhook)
+            lane.account = self.account(webhook.account)
+            lane.admit()  # a raised limit lets waiters in now
+        for webhook_id in gone:
+            self.queued.pop(self.pop(webhook_id), None)
+        if gone:
+            held = {id(lane.account) for lane in self.values()}
+            for account in [a for a, credit in self.accounts.items() if id(credit) not in held]:
+                del self.accounts[account]
 
     def shed_waiters(self) -> None:
         """At the in-flight limit: park the deliveries that waited a lane's patience or more for

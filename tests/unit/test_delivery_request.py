@@ -287,6 +287,27 @@ def test_a_webhook_moved_to_another_account_spends_that_accounts_credit() -> Non
     assert lane.account is lanes.account("acct_b")
 
 
+def test_lanes_of_removed_webhooks_go_once_nothing_is_in_them() -> None:
+    """Reload after reload, a lane is kept only for a configured webhook, or while an attempt
+    of a removed one is still in its lane; an account without a lane goes with it."""
+
+    async def scenario() -> tuple[set[str], set[str], set[str], set[str]]:
+        lanes = Lanes(0.5, hurry=lambda: False)
+        kept, busy = _webhook("kept", "acct_a"), _webhook("busy", "acct_b")
+        lanes.of(_webhook("idle", "acct_c"))
+        lanes.of(kept)
+        assert await lanes.of(busy).enter()  # an attempt in flight
+        lanes.reconfigure(SimpleNamespace(get={"kept": kept}.get))  # type: ignore[arg-type]
+        first = (set(lanes), set(lanes.accounts))
+        lanes["busy"].release(answered=True)
+        lanes.reconfigure(SimpleNamespace(get={"kept": kept}.get))  # type: ignore[arg-type]
+        return (*first, set(lanes), set(lanes.accounts))
+
+    lanes_then, accounts_then, lanes_now, accounts_now = asyncio.run(scenario())
+    assert lanes_then == {"kept", "busy"} and accounts_then == {"acct_a", "acct_b"}
+    assert lanes_now == {"kept"} and accounts_now == {"acct_a"}
+
+
 def _webhook(webhook_id: str, account: str) -> Webhook:
     return Webhook(
         id=webhook_id,
