@@ -19,7 +19,6 @@ import functools
 import json
 import tempfile
 import time
-import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from hypothesis import strategies as st
 from bridge.config import loader
 from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
-from bridge.core.keys import KEY, Choice, Key
+from bridge.core.keys import KEY, Choice, inputs, sections
 from bridge.core.settings import Config
 from bridge.core.webhook import EVENTS, Secret, Webhook
 
@@ -134,26 +133,14 @@ def public_text() -> str:
         reference = load_config(path, {})
     choices = [
         value
-        for declared in _declared_classes()
-        for item in dataclasses.fields(declared)
-        if isinstance(key := item.metadata.get(KEY), Key) and isinstance(key.kind, Choice)
-        for value in key.kind.values
+        for declared in [*sections(Config).values(), Webhook]
+        for each in dataclasses.fields(declared)
+        if KEY in each.metadata
+        for _name, leaf in inputs(each)
+        if isinstance(leaf, Choice)
+        for value in leaf.values
     ]
     return "\n".join([repr(reference), str(reference), *EVENTS, *choices])
-
-
-def _declared_classes() -> list[type]:
-    """The dataclasses whose fields declare configuration keys."""
-    found: list[type] = []
-    pending: list[type] = [Config, Webhook]
-    while pending:
-        declared = pending.pop()
-        if declared in found or not dataclasses.is_dataclass(declared):
-            continue
-        found.append(declared)
-        hints = typing.get_type_hints(declared)
-        pending += [hint for hint in hints.values() if dataclasses.is_dataclass(hint)]
-    return found
 
 
 def secrets_of(value: object, seen: set[int] | None = None) -> Iterator[Secret]:
