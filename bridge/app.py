@@ -26,6 +26,7 @@ from bridge.kafka.consumer import ThreadedConsumer, consumer_settings
 from bridge.kafka.lag import GroupLag, Reading
 from bridge.kafka.producer import DurableProducer
 from bridge.kafka.security import KafkaFatalError, producer_failure
+from bridge.ops import collector
 from bridge.ops.health import health_app, start_health_server
 from bridge.ops.limits import OTHER_FILES, OpenFiles, raise_open_file_limit, wanted_open_files
 from bridge.ops.logs import LIBRDKAFKA
@@ -258,10 +259,13 @@ class App:
             self.config.metrics.port,
         )
         # Everything built so far (modules, schemas, the configuration) lives as long as the
-        # process: frozen, the collector never walks it again, so full collections stay short
-        # and stop adding tens of milliseconds to deliveries that happen to wait on one.
-        gc.collect()
-        gc.freeze()
+        # process: frozen, the collector never walks it again; and full collections a tenth as
+        # often as CPython's defaults (bridge.ops.collector).
+        thresholds = gc.get_threshold()
+        collector.settle()
+        gc_time = collector.CollectorTime()
+        if self.metrics.enabled:
+            gc_time.install(self.registry)
         watch_task = asyncio.create_task(self.watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())
         if self.group_lag is not None:
@@ -289,6 +293,9 @@ class App:
             if self.group_lag is not None:
                 self.group_lag.stop()
             self.clean = await self._shut_down(runner)
+            if self.metrics.enabled:
+                gc_time.uninstall(self.registry)
+            gc.set_threshold(*thresholds)
         if self.failure is not None:
             raise self.failure
 

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,7 @@ class Stage:
     bridge_cpus: str | None = None  # taskset CPU list the bridge runs on (split placement)
     broker_pid: int | None = None  # the benchmark's own broker (None: an external one)
     bridge_started: float = 0.0  # when the last bridge process was started (time.time())
+    bridge_metrics_port: int = 0  # the /metrics port of the last bridge process
 
     def __post_init__(self) -> None:
         self.schema = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
@@ -405,6 +407,7 @@ class Stage:
             stderr=subprocess.STDOUT,
         )
         self.bridge_started = time.time()  # the bridge's start: its configuration is written
+        self.bridge_metrics_port = port
         try:
             yield process
         finally:
@@ -464,6 +467,28 @@ def _wait(
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+_GC_SAMPLE = re.compile(
+    rb'^bridge_gc_(collections|seconds)_total\{generation="(\d)"\} (\S+)$', re.M
+)
+
+
+def collector_figures(port: int) -> dict[str, float]:
+    """The cyclic garbage collector's work in the bridge whose ``/metrics`` is on ``port``
+    (``bridge_gc_*``): seconds in all, and full collections. Empty when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            body = answer.read()
+    except OSError:
+        return {}
+    seconds = full = 0.0
+    for kind, generation, value in _GC_SAMPLE.findall(body):
+        if kind == b"seconds":
+            seconds += float(value)
+        elif generation == b"2":
+            full = float(value)
+    return {"gc_seconds": round(seconds, 3), "gc_full_collections": int(full)}
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -10,8 +10,8 @@ no name leaves the machine. The bridge pools connections per host name, so it ke
 
 Reported: deliveries/s of each run (from the bridge's start to the last 2xx: judged), the same
 from the first 2xx (``steady``: without the start, which at 10,000 webhooks includes loading
-them), their ratios, CPU seconds per 1,000 deliveries, peak RSS, and the file descriptors the
-bridge held at the end.
+them), their ratios, CPU seconds per 1,000 deliveries, peak RSS, the file descriptors the
+bridge held at the end, and the seconds its cyclic garbage collector ran (``bridge_gc_*``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.bench import Stage, _say, _wait, peak_rss_mb, process_cpu_seconds
+from devtools.bench import (
+    Stage,
+    _say,
+    _wait,
+    collector_figures,
+    peak_rss_mb,
+    process_cpu_seconds,
+)
 
 HOSTS = 500
 ACCOUNTS = 3000
@@ -71,6 +78,7 @@ def _run(
         cpu = process_cpu_seconds(process.pid)
         rss = peak_rss_mb(process.pid)
         fds = len(os.listdir(f"/proc/{process.pid}/fd"))
+        collector = collector_figures(stage.bridge_metrics_port)
     log = stage.dump()
     answered = [entry[0] for entry in log if entry[3] == 200]
     first, last = min(answered), max(answered)
@@ -87,6 +95,7 @@ def _run(
         "cpu_per_1000_s": round(cpu / expected * 1000, 3),
         "peak_rss_mb": round(rss, 1),
         "open_fds_at_end": fds,
+        **collector,
         "hosts_seen": len(hosts),
     }
 

@@ -309,6 +309,12 @@ def test_in_flight_limit_holds_with_fan_out(receiver: Receiver, bridge_setup: Se
     assert gauge_peak <= limit, f"bridge_deliveries_in_flight reached {gauge_peak}"
     assert held_at_once <= limit, f"the receivers held {held_at_once} requests at once"
     assert len(arrivals) == records * fanout  # every pair once, none twice
+    # Deliveries held 0.4 s outlive young collections; the collector's work is exported
+    # (bridge.ops.collector): every generation has its series, the young one ran.
+    for generation in "012":
+        assert f'bridge_gc_seconds_total{{generation="{generation}"}}' in bridge.metrics()
+    assert bridge.gauge("bridge_gc_collections_total", '{generation="0"}') > 0
+    assert bridge.gauge("bridge_gc_seconds_total", '{generation="0"}') > 0
 
 
 def test_a_webhook_that_answers_nothing_is_parked_once_its_credit_is_spent(
