@@ -273,7 +273,9 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.poller: select.poll | None = None  # this socket, for reading without reading
-        self.parser = httptools.HttpResponseParser(self)
+        # Made in connection_made: its callbacks hold this connection (a reference cycle that
+        # connection_lost breaks), and a connection never made is never lost.
+        self.parser: httptools.HttpResponseParser
         self.waiter: asyncio.Future[int] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timeout = 0.0
@@ -353,6 +355,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.parser = httptools.HttpResponseParser(self)
         self.live.add(self)
         sock = transport.get_extra_info("socket")
         if sock is not None and _POLL is not None:
@@ -663,6 +666,11 @@ class HttpClient:
             if connection is not None:
                 connection.abort()
             raise HttpError("connection_error", _unexpected(exc)) from None
+        finally:
+            # The error raised holds this frame (its traceback), the frame the waiter, and the
+            # waiter the error: a cycle only the cyclic collector would free, for every failed
+            # exchange. Dropped here, a failure leaves nothing behind (tests/unit/test_httpclient).
+            connection = waiter = None
 
     def _idle(self, target: Target, context: ssl.SSLContext) -> _Connection | None:
         key = (target.scheme, target.host, target.port, id(context))
@@ -698,8 +706,12 @@ class HttpClient:
                             server_hostname=target.host if tls else None,
                         )
                     except ssl.SSLError as exc:
+                        # (its traceback holds the TLS layer's frames, and the TLS layer holds
+                        # the error: a cycle, left for the cyclic collector unless cut here)
+                        exc.__traceback__ = None
                         raise HttpError("tls_error", f"{target.host}: {exc}"[:200]) from None
                     except OSError as exc:
+                        exc.__traceback__ = None  # (as above)
                         if tls and isinstance(exc, ConnectionResetError):  # mid-handshake
                             detail = f"{target.host}: TLS handshake cut (version refused?)"
                             raise HttpError("tls_error", detail) from None

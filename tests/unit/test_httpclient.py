@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
 import time
+import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -613,3 +615,109 @@ def test_glibc_is_asked_to_give_memory_back_every_so_many_tls_connections_closed
     assert trims_after(5, None) == 0  # plain HTTP connections are not counted
     assert trims_after(5, server_context) == 2  # the 2nd and the 4th TLS connection closed
     assert module.TRIMMER.closed == 1
+
+
+async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    await s.read_request(reader)
+    writer.transport.abort()
+
+
+async def _not_http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    await s.read_request(reader)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    await writer.drain()
+
+
+async def _not_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    writer.write(b"HTTP/1.1 400 Not TLS\r\n\r\n" * 4)
+    await writer.drain()
+    await asyncio.sleep(5)
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s: Server) -> None:
+    await s.read_request(reader)
+    await asyncio.sleep(5)
+
+
+def _left_for_the_collector(objects: list[object]) -> list[str]:
+    """What of ``objects`` (cyclic garbage) the client made: its objects, its errors, frames of
+    its code."""
+    return [
+        repr(each)[:160]
+        for each in objects
+        if type(each).__module__.startswith("bridge.")
+        or isinstance(each, HttpError)
+        or (isinstance(each, types.FrameType) and "/bridge/" in each.f_code.co_filename)
+    ]
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize(
+    "kind", ["answered", "reset", "not_http", "timeout", "refused", "tls", "not_tls"]
+)
+def test_an_exchange_leaves_nothing_for_the_cyclic_collector(kind: str, event_loop: str) -> None:
+    """Whatever happened to an exchange, what it made is freed when its last reference goes, never
+    left in a reference cycle (a connection and its parser, an error and the frame holding it):
+    with many deliveries failing at once, such cycles reach the oldest generation, which the
+    bridge collects rarely (bridge.ops.collector)."""
+    authority = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("localhost").configure_cert(tls)
+    handlers: dict[str, Handler] = {"answered": keep_alive, "reset": _hang_up}
+    handlers |= {
+        "not_http": _not_http,
+        "timeout": _silent,
+        "refused": keep_alive,
+        "tls": keep_alive,
+        "not_tls": _not_tls,
+    }
+    server = Server(handlers[kind], tls=tls if kind == "tls" else None)
+
+    async def scenario() -> None:
+        async def test(url: str) -> None:
+            if kind == "refused":
+                listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+                url = f"http://localhost:{listener.sockets[0].getsockname()[1]}/hook"
+                listener.close()
+                await listener.wait_closed()
+            if kind == "not_tls":
+                url = url.replace("http:", "https:")
+            http = client()  # the system's roots: the test authority is not trusted
+
+            async def post() -> str:
+                try:
+                    return str(await http.post(url, HEADERS, b"{}", 0.2))
+                except HttpError as exc:
+                    return exc.kind
+
+            outcome = await post()  # a first exchange fills what is kept for the next ones
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                outcomes = {await post() for _ in range(10)}
+                await asyncio.sleep(0.05)  # connections aborted are lost on the next turns
+                gc.collect()
+                left = _left_for_the_collector(gc.garbage)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+                await http.close()
+            expected = {
+                "answered": "200",
+                "reset": "connection_error",
+                "not_http": "invalid_response",
+                "timeout": "timeout",
+                "refused": "connection_error",
+                "tls": "tls_error",
+                "not_tls": "tls_error",
+            }
+            assert outcomes == {outcome} == {expected[kind]}
+            assert left == [], "\n".join(left)
+
+        await serve(server, test)
+
+    import uvloop
+
+    (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
