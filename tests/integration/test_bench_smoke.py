@@ -31,7 +31,7 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
             "bench",
             "--quick",
             "--only",
-            "pure,retry",
+            "pure,retry,many",
             "--out",
             str(out),
         ],
@@ -51,6 +51,10 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
     assert "pure path >= 50,000 records/s" in results["targets"]
     assert "targets:" in result.stdout
     assert results["broker"]["first_group_join_s"] > 0  # joined before anything was measured
+    many, one = results["many_webhooks"], results["many_baseline_one"]
+    assert many["hosts_seen"] == 50 and len(many["rounds"]) == len(results["many_ratio_rounds"])
+    for run in (many, one):  # the bridge's collector figures, read from its /metrics
+        assert run["gc_seconds"] > 0 and run["gc_full_collections"] >= 0
 
 
 def test_first_group_joined_before_any_scenario(kafka_bootstrap: str, tmp_path: Path) -> None:
