@@ -72,6 +72,7 @@ Behaviour a receiver and an operator can rely on:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import select
@@ -427,7 +428,8 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.poller = None
         self.sessions = None
-        del self.parser
+        with contextlib.suppress(AttributeError):  # (made in connection_made, which the
+            del self.parser  # transports always call first: kept safe should one not)
         if self.tls:
             TRIMMER.tls_closed()
         self.live.discard(self)

@@ -20,6 +20,8 @@ from bridge.http.client import (
     HttpClient,
     HttpError,
     Target,
+    _Connection,
+    _Pools,
     _Targets,
     render_request,
 )
@@ -721,3 +723,17 @@ def test_an_exchange_leaves_nothing_for_the_cyclic_collector(kind: str, event_lo
     import uvloop
 
     (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
+
+
+def test_a_connection_lost_before_it_was_made_ends_quietly() -> None:
+    """The parser is made when the connection is: a transport that reported a loss without a
+    connection first (none does) would still find everything released, and nothing raised."""
+
+    async def scenario() -> None:
+        live: set[_Connection] = set()
+        connection = _Connection(_Pools(4.0, 10), ("http", "h", 80, 0), live, 4096, 1024)
+        assert not hasattr(connection, "parser")
+        connection.connection_lost(None)
+        assert connection.closed and connection.transport is None and not live
+
+    asyncio.run(scenario())
