@@ -263,9 +263,8 @@ class App:
         # often as CPython's defaults (bridge.ops.collector).
         thresholds = gc.get_threshold()
         collector.settle()
-        gc_time = collector.CollectorTime()
         if self.metrics.enabled:
-            gc_time.install(self.registry)
+            self.metrics.collector_time.start()
         watch_task = asyncio.create_task(self.watcher.run())
         run_task = asyncio.create_task(self.pipeline.run())
         if self.group_lag is not None:
@@ -293,8 +292,7 @@ class App:
             if self.group_lag is not None:
                 self.group_lag.stop()
             self.clean = await self._shut_down(runner)
-            if self.metrics.enabled:
-                gc_time.uninstall(self.registry)
+            self.metrics.collector_time.stop()
             gc.set_threshold(*thresholds)
         if self.failure is not None:
             raise self.failure

@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterator
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,7 +47,8 @@ def settle() -> None:
 
 class CollectorTime(Collector):
     """Collections and the seconds they took, by generation, exported as
-    ``bridge_gc_collections_total`` and ``bridge_gc_seconds_total``.
+    ``bridge_gc_collections_total`` and ``bridge_gc_seconds_total`` (registered by
+    :class:`bridge.ops.metrics.Metrics`; counting between :meth:`start` and :meth:`stop`).
 
     A hook in ``gc.callbacks`` notes the start and the end of each collection (two calls of a
     few hundred nanoseconds); the figures are read at each scrape. The seconds are wall time:
@@ -69,17 +69,15 @@ class CollectorTime(Collector):
         self.collections[generation] += 1
         self.seconds[generation] += self.clock() - self._started
 
-    def install(self, registry: CollectorRegistry) -> None:
-        """Start counting, and export the figures on ``registry``."""
+    def start(self) -> None:
+        """Start counting (the hook joins ``gc.callbacks``, once)."""
         if self not in gc.callbacks:
             gc.callbacks.append(self)
-        registry.register(self)
 
-    def uninstall(self, registry: CollectorRegistry) -> None:
-        """Stop counting and exporting."""
+    def stop(self) -> None:
+        """Stop counting."""
         if self in gc.callbacks:
             gc.callbacks.remove(self)
-        registry.unregister(self)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         collections = CounterMetricFamily(

@@ -27,6 +27,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from bridge import __version__
 from bridge.kafka.lag import Reading
+from bridge.ops.collector import CollectorTime
 
 # Webhook deliveries take milliseconds to seconds and time out at 10 s by default.
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -479,9 +480,11 @@ class Metrics:
         )
         self.commit_ages = CommitAges()
         self.group = GroupFigures()
+        self.collector_time = CollectorTime()  # counts once the service starts it
         if enabled:
             registry.register(self.commit_ages)
             registry.register(self.group)
+            registry.register(self.collector_time)
         self.config_reloads = Counter(
             "bridge_config_reloads",
             "Configuration reloads by result (applied or rejected).",

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.ops import collector
 from bridge.ops.collector import THRESHOLDS, CollectorTime
+from bridge.ops.metrics import Metrics
 
 
 @pytest.fixture
@@ -68,38 +69,44 @@ def test_settle_freezes_what_exists_and_sets_the_thresholds(restored: None) -> N
 
 def test_collections_and_their_seconds_are_exported_by_generation(restored: None) -> None:
     clock = itertools.count(step=0.25)  # each collection takes 0.25 "seconds"
-    counted = CollectorTime(clock=lambda: next(clock))
     registry = CollectorRegistry()
-    counted.install(registry)
+    counted = Metrics(registry).collector_time
+    counted.clock = lambda: next(clock)
+    sample = registry.get_sample_value
+    assert sample("bridge_gc_collections_total", {"generation": "2"}) == 0  # not started yet
+    gc.collect(2)
+    assert sample("bridge_gc_collections_total", {"generation": "2"}) == 0
+    counted.start()
     try:
         gc.collect(0)
         gc.collect(2)
         gc.collect(2)
-        sample = registry.get_sample_value
         full = sample("bridge_gc_collections_total", {"generation": "2"})
         assert full is not None and full >= 2
         assert sample("bridge_gc_seconds_total", {"generation": "2"}) == 0.25 * full
         assert (sample("bridge_gc_collections_total", {"generation": "0"}) or 0) >= 1
         assert sample("bridge_gc_seconds_total", {"generation": "1"}) is not None
     finally:
-        counted.uninstall(registry)
+        counted.stop()
     assert counted not in gc.callbacks
-    assert registry.get_sample_value("bridge_gc_collections_total", {"generation": "2"}) is None
-    before = counted.collections[2]
     gc.collect(2)
-    assert counted.collections[2] == before, "uninstalled: no longer counting"
+    assert sample("bridge_gc_collections_total", {"generation": "2"}) == full, "stopped"
 
 
-def test_install_twice_counts_each_collection_once(restored: None) -> None:
+def test_start_twice_counts_each_collection_once(restored: None) -> None:
     counted = CollectorTime()
-    first, second = CollectorRegistry(), CollectorRegistry()
-    counted.install(first)
-    counted.install(second)
+    counted.start()
+    counted.start()
     try:
         before = counted.collections[2]
         gc.collect(2)
         assert counted.collections[2] == before + 1
     finally:
-        counted.uninstall(first)
-        counted.uninstall(second)
+        counted.stop()
     assert counted not in gc.callbacks
+
+
+def test_nothing_of_the_collector_is_exported_with_metrics_disabled() -> None:
+    registry = CollectorRegistry()
+    Metrics(registry, enabled=False)
+    assert registry.get_sample_value("bridge_gc_collections_total", {"generation": "0"}) is None
