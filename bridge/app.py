@@ -291,9 +291,11 @@ class App:
             watch_task.cancel()
             if self.group_lag is not None:
                 self.group_lag.stop()
-            self.clean = await self._shut_down(runner)
-            self.metrics.collector_time.stop()
-            gc.set_threshold(*thresholds)
+            try:
+                self.clean = await self._shut_down(runner)
+            finally:
+                self.metrics.collector_time.stop()
+                gc.set_threshold(*thresholds)
         if self.failure is not None:
             raise self.failure
 

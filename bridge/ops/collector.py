@@ -59,15 +59,18 @@ class CollectorTime(Collector):
         self.clock = clock
         self.collections = [0] * 3
         self.seconds = [0.0] * 3
-        self._started = 0.0
+        self._started: float | None = None  # the collection under way, if its start was seen
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = self.clock()
             return
+        started, self._started = self._started, None
+        if started is None:  # joined gc.callbacks during this collection: its start was not seen
+            return
         generation = info["generation"]
         self.collections[generation] += 1
-        self.seconds[generation] += self.clock() - self._started
+        self.seconds[generation] += self.clock() - started
 
     def start(self) -> None:
         """Start counting (the hook joins ``gc.callbacks``, once)."""
