@@ -148,7 +148,13 @@ class DurableProducer:
                 if self.fatal is not None or error.code() == KafkaError._FATAL:
                     raise ProducerFailedError(self.fatal or error) from exc
                 raise ProduceError(str(exc)) from exc
-        await future
+        try:
+            await future
+        except ProduceError:
+            # (reported, so on_delivery is done with it: the error's traceback holds this frame,
+            # the frame the future, the future the error: a cycle, cut here as in HttpClient.post)
+            future = None  # type: ignore[assignment]
+            raise
 
     def flush(self, timeout: float) -> int:
         """Wait for outstanding records; returns how many are still undelivered."""

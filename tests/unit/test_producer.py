@@ -5,13 +5,16 @@ librdkafka producer is swapped for a stand-in whose ``poll`` raises)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import time
+import types
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from bridge.kafka.producer import DurableProducer, ProducerFailedError
+from bridge.kafka.producer import DurableProducer, ProduceError, ProducerFailedError
 from bridge.kafka.security import ACL_HINT, RESTART_HINT, producer_failure
 from tests.kafka_helpers import wait_for
 
@@ -204,3 +207,72 @@ def test_a_write_after_the_producer_failed_waits_to_be_cancelled_without_a_warni
         None,
         0.0,
     )
+
+
+class Refusing:
+    """Stands in for librdkafka's producer: every record is reported failed at the next poll,
+    as a broker that never acknowledges makes librdkafka do (``message.timeout.ms``)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.lock = threading.Lock()
+
+    def produce(self, *_args: Any, on_delivery: Any = None, **_kwargs: Any) -> None:
+        with self.lock:
+            self.pending.append(on_delivery)
+
+    def poll(self, timeout: float) -> int:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for report in pending:
+            report(KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out"), None)
+        if not pending:
+            time.sleep(min(timeout, 0.005))
+        return len(pending)
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_a_failed_write_leaves_nothing_for_the_cyclic_collector(event_loop: str) -> None:
+    """A write the broker never acknowledged fails its ``send`` without leaving a reference
+    cycle (the error's traceback holds the frame that holds the future that holds the error):
+    during a broker outage every delivery handed to a delay topic fails so, and the bridge
+    collects its oldest generation rarely (bridge.ops.collector)."""
+    import uvloop
+
+    producer = swapped(Refusing(), [])  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        async def write() -> str:
+            try:
+                await producer.send("topic", b"x" * 1024, b"key", [("h", b"v")])
+            except ProduceError as exc:
+                return type(exc).__name__
+            return "acknowledged"
+
+        assert await write() == "ProduceError"
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            outcomes = set(await asyncio.gather(*(write() for _ in range(20))))
+            gc.collect()
+            left = [
+                repr(each)[:120]
+                for each in gc.garbage
+                if isinstance(each, ProduceError)
+                or (isinstance(each, types.FrameType) and "/bridge/" in each.f_code.co_filename)
+            ]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert outcomes == {"ProduceError"}
+        assert left == [], "\n".join(left)
+
+    try:
+        (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
+    finally:
+        producer.close(1.0)
