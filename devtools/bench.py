@@ -476,16 +476,22 @@ _GC_SAMPLE = re.compile(
 
 def collector_figures(port: int) -> dict[str, float]:
     """The cyclic garbage collector's work in the bridge whose ``/metrics`` is on ``port``
-    (``bridge_gc_*``): seconds in all, and full collections."""
+    (``bridge_gc_*``): seconds and collections in all, and full collections."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         body = answer.read()
-    seconds = full = 0.0
+    seconds = collections = full = 0.0
     for kind, generation, value in _GC_SAMPLE.findall(body):
         if kind == b"seconds":
             seconds += float(value)
-        elif generation == b"2":
-            full = float(value)
-    return {"gc_seconds": round(seconds, 3), "gc_full_collections": int(full)}
+        else:
+            collections += float(value)
+            if generation == b"2":
+                full = float(value)
+    return {
+        "gc_seconds": round(seconds, 4),
+        "gc_collections": int(collections),
+        "gc_full_collections": int(full),
+    }
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -113,6 +113,8 @@ MANY_KEYS = (
     "cpu_per_1000_s",
     "peak_rss_mb",
     "gc_seconds",
+    "gc_collections",
+    "gc_full_collections",
 )
 
 

@@ -54,7 +54,7 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
     many, one = results["many_webhooks"], results["many_baseline_one"]
     assert many["hosts_seen"] == 50 and len(many["rounds"]) == len(results["many_ratio_rounds"])
     for run in (many, one):  # the bridge's collector figures, read from its /metrics
-        assert run["gc_seconds"] > 0 and run["gc_full_collections"] >= 0
+        assert run["gc_collections"] > 0 and "gc_seconds" in run and "gc_full_collections" in run
 
 
 def test_first_group_joined_before_any_scenario(kafka_bootstrap: str, tmp_path: Path) -> None:
