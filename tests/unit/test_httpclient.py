@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import ssl
 import time
-import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +25,7 @@ from bridge.http.client import (
 )
 from bridge.http.resolver import SafeResolver
 from bridge.http.sender import HttpSender
+from tests.cycles import bridge_cycles
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}
@@ -641,18 +640,6 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, s:
     await asyncio.sleep(5)
 
 
-def _left_for_the_collector(objects: list[object]) -> list[str]:
-    """What of ``objects`` (cyclic garbage) the client made: its objects, its errors, frames of
-    its code."""
-    return [
-        repr(each)[:160]
-        for each in objects
-        if type(each).__module__.startswith("bridge.")
-        or isinstance(each, HttpError)
-        or (isinstance(each, types.FrameType) and "/bridge/" in each.f_code.co_filename)
-    ]
-
-
 @pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize(
     "kind", ["answered", "reset", "not_http", "timeout", "refused", "tls", "not_tls"]
@@ -693,18 +680,11 @@ def test_an_exchange_leaves_nothing_for_the_cyclic_collector(kind: str, event_lo
                     return exc.kind
 
             outcome = await post()  # a first exchange fills what is kept for the next ones
-            gc.collect()
-            gc.disable()
-            gc.set_debug(gc.DEBUG_SAVEALL)
             try:
-                outcomes = {await post() for _ in range(10)}
-                await asyncio.sleep(0.05)  # connections aborted are lost on the next turns
-                gc.collect()
-                left = _left_for_the_collector(gc.garbage)
+                with bridge_cycles() as left:
+                    outcomes = {await post() for _ in range(10)}
+                    await asyncio.sleep(0.05)  # connections aborted are lost on the next turns
             finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
-                gc.enable()
                 await http.close()
             expected = {
                 "answered": "200",

@@ -5,10 +5,8 @@ librdkafka producer is swapped for a stand-in whose ``poll`` raises)."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import threading
 import time
-import types
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from bridge.kafka.producer import DurableProducer, ProduceError, ProducerFailedError
 from bridge.kafka.security import ACL_HINT, RESTART_HINT, producer_failure
+from tests.cycles import bridge_cycles
 from tests.kafka_helpers import wait_for
 
 NOWHERE = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}  # never connects in time
@@ -253,22 +252,8 @@ def test_a_failed_write_leaves_nothing_for_the_cyclic_collector(event_loop: str)
             return "acknowledged"
 
         assert await write() == "ProduceError"
-        gc.collect()
-        gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+        with bridge_cycles() as left:
             outcomes = set(await asyncio.gather(*(write() for _ in range(20))))
-            gc.collect()
-            left = [
-                repr(each)[:120]
-                for each in gc.garbage
-                if isinstance(each, ProduceError)
-                or (isinstance(each, types.FrameType) and "/bridge/" in each.f_code.co_filename)
-            ]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            gc.enable()
         assert outcomes == {"ProduceError"}
         assert left == [], "\n".join(left)
 
