@@ -419,8 +419,9 @@ _TAG_KINDS: Final = {
     "null": "null",
 }
 _SCRUB_MIN_LENGTH: Final = 8  # shorter secrets are not masked in messages (too many false hits)
-_WINDOWS: Final = re.compile(f"(?=(.{{{_SCRUB_MIN_LENGTH}}}))", re.S)
-"""Every run of :data:`_SCRUB_MIN_LENGTH` characters of a text, overlapping (``findall``)."""
+_FOUND_STRIDE: Final = 8
+"""At most one position in this many of a text is looked up by :meth:`_Secrets.found_in`
+(fewer when a secret is shorter than :data:`_SCRUB_MIN_LENGTH` plus this, less one)."""
 _WEBHOOK_USERINFO: Final = (
     "must not contain userinfo (user:password@): credentials in a URL leak into logs and are "
     "not sent; authenticate the request by its signature"
@@ -1152,16 +1153,53 @@ class _Secrets:
     occurrences become one ``***``. Linear in the text whatever the number of secrets (a file of
     10,000 webhooks has 10,000 of them, and may have as many problems): the secrets are indexed
     by their first :data:`_SCRUB_MIN_LENGTH` characters, and each position of the text is looked
-    up once."""
+    up once.
+
+    :meth:`found_in`, asked of every shown value (three times per webhook), looks at one
+    position in :attr:`_stride` only: each secret is also indexed by its windows at the first
+    ``stride`` offsets, so whichever position a secret starts at, the first sampled position at
+    or after it falls on one of those windows (the stride is at most the number of windows of
+    the shortest secret: it shrinks, and the index is rebuilt, when a shorter one comes)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._index: dict[str, set[str]] = {}
+        self._stride = _FOUND_STRIDE
+        # Each window of a secret at an offset below the stride: the secret (a tuple of them
+        # when windows coincide; one string when not, which is nearly always).
+        self._sampled: dict[str, str | tuple[str, ...]] = {}
         for secret in secrets:
             self.add(secret)
 
     def add(self, secret: str) -> None:
-        if len(secret) >= _SCRUB_MIN_LENGTH:
-            self._index.setdefault(secret[:_SCRUB_MIN_LENGTH], set()).add(secret)
+        width = _SCRUB_MIN_LENGTH
+        if len(secret) < width:
+            return
+        held = self._index.get(secret[:width])
+        if held is None:
+            self._index[secret[:width]] = {secret}
+        elif secret in held:
+            return
+        else:
+            held.add(secret)
+        windows = len(secret) - width + 1
+        if windows < self._stride:
+            self._stride = windows
+            self._sampled = {}
+            for each in self._index.values():
+                for known in each:
+                    self._sample(known)
+        else:
+            self._sample(secret)
+
+    def _sample(self, secret: str) -> None:
+        sampled, width = self._sampled, _SCRUB_MIN_LENGTH
+        for offset in range(self._stride):
+            window = secret[offset : offset + width]
+            there = sampled.get(window)
+            if there is None:
+                sampled[window] = secret
+            elif there != secret and secret not in there:
+                sampled[window] = ((there,) if isinstance(there, str) else there) + (secret,)
 
     def held(self) -> frozenset[str]:
         """Every secret looked for."""
@@ -1186,16 +1224,27 @@ class _Secrets:
 
     def found_in(self, text: str) -> bool:
         """Whether ``text`` holds any of the secrets. (Asked of every value that may be shown,
-        tens of thousands at 10,000 webhooks: the text's windows are cut by the regular
-        expression engine and matched against the index by the set code, both in C, and only a
-        window that starts a secret is looked at in Python.)"""
-        index = self._index
-        if not index or len(text) < _SCRUB_MIN_LENGTH:
+        tens of thousands at 10,000 webhooks: one window in :attr:`_stride` is cut, the windows
+        are matched against the index by the set code, in C, and only a window that may be
+        part of a secret is looked at further.)"""
+        sampled = self._sampled
+        width, stride = _SCRUB_MIN_LENGTH, self._stride
+        if not sampled or len(text) < width:
             return False
-        windows = _WINDOWS.findall(text)
-        if index.keys().isdisjoint(windows):
+        starts = range(0, len(text) - width + 1, stride)
+        windows = [text[at : at + width] for at in starts]
+        if sampled.keys().isdisjoint(windows):
             return False
-        return bool(self._runs(text))
+        for at, window in zip(starts, windows, strict=True):
+            there = sampled.get(window)
+            if there is None:
+                continue
+            for secret in (there,) if isinstance(there, str) else there:
+                # the secret starts where this window is one of its first ``stride`` ones
+                for offset in range(min(stride, at + 1)):
+                    if secret.startswith(window, offset) and text.startswith(secret, at - offset):
+                        return True
+        return False
 
     def scrub(self, text: str) -> str:
         runs = self._runs(text)

@@ -920,3 +920,34 @@ def test_a_secret_that_is_a_word_every_configuration_shows_is_not_a_leak(
     shown = dataclasses.replace(config.webhooks[0], account="not-a-public-word-1234")
     with pytest.raises(AssertionError):  # (the loader refuses this; made by hand here)
         check_config(dataclasses.replace(config, webhooks=(shown,)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([_SCRUB_ALPHABET, st.sampled_from("ab")]).flatmap(
+        lambda alphabet: st.lists(
+            st.tuples(st.text(alphabet, min_size=1, max_size=24), st.text(alphabet, max_size=60)),
+            max_size=12,
+        )
+    )
+)
+def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it_as_they_come(
+    steps: list[tuple[str, str]],
+) -> None:
+    """Secrets added one by one, longest or shortest first, each followed by a question:
+    ``found_in`` (which samples the text, one position in a stride that shrinks as shorter
+    secrets come) says what looking for each secret of at least the scrubbing length says, of a
+    text that holds the secrets so far at every offset. (Two letters make secrets share windows.)"""
+    from bridge.config.loader import _SCRUB_MIN_LENGTH, _Secrets
+
+    held = _Secrets()
+    known: list[str] = []
+    for secret, text in steps:
+        held.add(secret)
+        known.append(secret)
+        long_enough = [each for each in known if len(each) >= _SCRUB_MIN_LENGTH]
+        for shift in range(9):
+            woven = text[:shift] + secret + text[shift:]
+            expected = any(each in woven for each in long_enough)
+            assert held.found_in(woven) == expected
+            assert held.found_in(text) == any(each in text for each in long_enough)
