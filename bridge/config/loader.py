@@ -1087,10 +1087,29 @@ def _may_start_token(text: str, chars: str, after: str | None = None) -> bool:
     return False
 
 
-_FLOW_THEN_QUESTION: Final = re.compile(r"(?:^|[ ,\[{])[\[{](?:[^\n]*\?|[^\]}\n]*\n)", re.M)
-"""A ``?`` after what may start a flow collection on its line (a ``[`` or ``{`` at the start of a
-line or after a space or another flow indicator: ``https://[::1]/?a`` and ``${X}`` start none),
-or a flow collection left open at the end of a line (then any ``?`` may be inside it)."""
+_FLOW_BEFORE: Final = "\n ,[{"
+"""What may come right before a ``[`` or ``{`` that starts a flow collection (or the start)."""
+
+
+def _flow_then_question(text: str) -> bool:
+    """Whether a ``?`` comes after what may start a flow collection on its line (a ``[`` or
+    ``{`` at the start of a line or after a space or another flow indicator: ``https://[::1]/?a``
+    and ``${X}`` start none), or a flow collection is left open at the end of a line (then any
+    ``?`` may be inside it). Each line with such a start is looked at once (linear in the text)."""
+    for opener in "[{":
+        at = text.find(opener)
+        line_end = newline = last_question = last_close = -1
+        while at >= 0:
+            if at == 0 or text[at - 1] in _FLOW_BEFORE:
+                if at > line_end:  # the first on its line
+                    newline = text.find("\n", at)
+                    line_end = len(text) if newline < 0 else newline
+                    last_question = text.rfind("?", at, line_end)
+                    last_close = max(text.rfind("]", at, line_end), text.rfind("}", at, line_end))
+                if last_question > at or (newline >= 0 and last_close < at):
+                    return True
+            at = text.find(opener, at + 1)
+    return False
 
 
 def _libyaml_may_differ(text: str) -> bool:
@@ -1105,7 +1124,7 @@ def _libyaml_may_differ(text: str) -> bool:
         or "\ufeff" in text
         or _may_start_token(text, "%", after=_LINE_BREAKS)
         or _may_start_token(text, "!|>")
-        or ("?" in text and _FLOW_THEN_QUESTION.search(text) is not None)
+        or ("?" in text and _flow_then_question(text))
     )
 
 

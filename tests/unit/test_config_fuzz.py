@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -951,3 +952,18 @@ def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it_as_they_come(
             expected = any(each in woven for each in long_enough)
             assert held.found_in(woven) == expected
             assert held.found_in(text) == any(each in text for each in long_enough)
+
+
+_FLOW_THEN_QUESTION = re.compile(r"(?:^|[ ,\[{])[\[{](?:[^\n]*\?|[^\]}\n]*\n)", re.MULTILINE)
+"""What ``_flow_then_question`` answers, as the regular expression it replaced (which tried a
+match at every space of the file: 32 ms of a 10,000-webhook load, against 5)."""
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.text(st.sampled_from("[{]}?\n ,a/"), max_size=40))
+def test_a_flow_collection_then_a_question_mark_is_found_as_the_expression_finds_it(
+    text: str,
+) -> None:
+    from bridge.config.loader import _flow_then_question
+
+    assert _flow_then_question(text) == (_FLOW_THEN_QUESTION.search(text) is not None)
