@@ -723,6 +723,13 @@ _TLS_FIELDS: Final = frozenset(
     for name, _ in inputs(each)
 )
 """Receiver TLS, in ``delivery`` (the default) and in each webhook (its own, key by key)."""
+_SECRET_FIELD_NAMES: Final = frozenset(
+    name
+    for spec in (*_SECTIONS.values(), _WEBHOOK_FIELDS)
+    for name in spec
+    if name.endswith(("secret", "password"))
+)
+"""The fields whose value :meth:`_Loader.section` remembers as a secret."""
 _SHOWN_WEBHOOK_KEYS: Final = ("id", "account", "url", *sorted(_TLS_FIELDS))
 """A webhook's fields shown in logs, metrics, /status and reprs: never a secret's value."""
 
@@ -1289,6 +1296,7 @@ class _Loader:
         self._problems: list[tuple[_Source, int, str, str]] = []
         self._source: _Source = (0, path)  # the file being read (its problems name it)
         self._secrets = _Secrets()
+        self._remembered: set[str] = set()  # the texts given to remember_secret
         self._constructor = SafeConstructor()
         # With Reuse: the entries of a webhooks list composed with some left out (by the list's
         # id), and the digest of the text of each webhook composed that may be noted (by id).
@@ -1357,6 +1365,9 @@ class _Loader:
     def remember_secret(self, value: str | bytes) -> None:
         """Note a secret value so that no message can show it (see :attr:`problems`)."""
         text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+        if text in self._remembered:  # (each is met two or three times: in the document, read)
+            return
+        self._remembered.add(text)
         self._secrets.add(text)
         self._secrets.add(text.strip())
 
@@ -1643,14 +1654,18 @@ class _Loader:
         if entries is None:
             return result
         order, required = _spec_order(spec)
-        present = []
-        for key, (key_node, _) in entries.items():
-            if key in spec:
-                present.append(key)
-            else:
-                self.problem(key_node, where(_clip(key)), self.unknown(key, tuple(spec)))
+        if spec.keys() >= entries.keys():  # (nearly always: no unknown key)
+            names = entries.keys() | required if required else entries.keys()
+        else:
+            names = {*required}
+            for key, (key_node, _) in entries.items():
+                if key in spec:
+                    names.add(key)
+                else:
+                    self.problem(key_node, where(_clip(key)), self.unknown(key, tuple(spec)))
+        values, nodes, given = result.values, result.nodes, result.given
         # The fields given and the required ones, in the spec's order (that of the problems).
-        for name in sorted({*present, *required}, key=order.__getitem__):
+        for name in sorted(names, key=order.__getitem__):
             spec_field = spec[name]
             entry = entries.get(name)
             if entry is None:  # absent: the default
@@ -1659,22 +1674,25 @@ class _Loader:
             value_node = entry[1]
             if spec_field.node:
                 if value_node is not None and value_node.tag != _NULL_TAG:
-                    result.given.add(name)
-                    result.values[name] = result.nodes[name] = value_node
+                    given.add(name)
+                    values[name] = nodes[name] = value_node
                 continue
             try:
-                raw = self.value(value_node)
-                if raw is None:
-                    if spec_field.required:
-                        self.problem(value_node, where(name), "missing (required)")
-                    continue
-                result.given.add(name)
-                result.nodes[name] = value_node
-                if name.endswith(("secret", "password")) and isinstance(raw, str):
+                if type(value_node) is ScalarNode and value_node.tag == _STR_TAG:
+                    raw = value_node.value  # (the common case of value())
+                else:
+                    raw = self.value(value_node)
+                    if raw is None:
+                        if spec_field.required:
+                            self.problem(value_node, where(name), "missing (required)")
+                        continue
+                given.add(name)
+                nodes[name] = value_node
+                if name in _SECRET_FIELD_NAMES and isinstance(raw, str):
                     self.remember_secret(raw)
-                result.values[name] = spec_field.convert(raw)
+                values[name] = spec_field.convert(raw)
             except _Invalid as exc:
-                result.given.add(name)
+                given.add(name)
                 self.problem(value_node, where(name), str(exc))
         return result
 
