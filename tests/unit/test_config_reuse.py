@@ -413,3 +413,23 @@ def test_a_webhook_edited_to_show_the_secret_of_a_kept_text_is_refused(tmp_path:
     assert after != before
     del TEXT_LOADS[:]
     assert check_reuse(before, after, ENVIRON, tmp_path) == 0, "refused"
+
+
+def test_webhooks_cross_to_the_parent_by_pickle_field_for_field(tmp_path: Path) -> None:
+    """The child of ``bridge run`` pickles the webhooks it built (``Webhook.__reduce__``: the
+    constructor's arguments): every field of every kind of webhook comes back equal and of the
+    same type, secrets, TLS settings and all, and with the same digest."""
+    import dataclasses
+    import pickle
+
+    path = tmp_path / "bridge.yaml"
+    path.write_text(base_text(tmp_path / "secret"))
+    webhooks = list(load_config(path, ENVIRON).webhooks)
+    back = pickle.loads(pickle.dumps(webhooks, pickle.HIGHEST_PROTOCOL))
+    assert back == webhooks and digests(back) == digests(webhooks)
+    names = [each.name for each in dataclasses.fields(Webhook)]
+    for before, after in zip(webhooks, back, strict=True):
+        for name in names:
+            assert type(getattr(after, name)) is type(getattr(before, name))
+    assert {w.tls for w in webhooks} != {webhooks[0].tls}  # TLS settings of more than one kind
+    assert any(w.previous_secret is not None for w in webhooks)
