@@ -2139,8 +2139,13 @@ class _Loader:
 
     def tls(self, section: _Values, default: TlsSettings) -> TlsSettings:
         """The ``tls_*`` keys of a section over ``default``; the files must be readable, and a
-        client certificate and its key come together."""
+        client certificate and its key come together. ``default`` itself when the section sets
+        none of them and it is whole (most webhooks: one object shared, not one each)."""
         values = section.values
+        if values.keys().isdisjoint(_TLS_FIELDS) and (default.client_cert_file is None) == (
+            default.client_key_file is None
+        ):
+            return default
         for name in ("tls_ca_file", "tls_client_cert_file", "tls_client_key_file"):
             path = values.get(name)
             if path is not None and not os.access(path, os.R_OK):
