@@ -1190,9 +1190,10 @@ class _Secrets:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._index: dict[str, set[str]] = {}
         self._stride = _FOUND_STRIDE
-        # Each window of a secret at an offset below the stride: the secret (a tuple of them
-        # when windows coincide; one string when not, which is nearly always).
-        self._sampled: dict[str, str | tuple[str, ...]] = {}
+        # Each window of a secret at an offset below the stride (a sampled position that is
+        # one of them: the secrets that start up to ``stride - 1`` before it are looked up in
+        # :attr:`_index`, each start once, so never more work than :meth:`_runs`).
+        self._sampled: dict[str, None] = {}  # (a dict: smaller than a set)
         for secret in secrets:
             self.add(secret)
 
@@ -1218,14 +1219,10 @@ class _Secrets:
             self._sample(secret)
 
     def _sample(self, secret: str) -> None:
-        sampled, width = self._sampled, _SCRUB_MIN_LENGTH
-        for offset in range(self._stride):
-            window = secret[offset : offset + width]
-            there = sampled.get(window)
-            if there is None:
-                sampled[window] = secret
-            elif there != secret and secret not in there:
-                sampled[window] = ((there,) if isinstance(there, str) else there) + (secret,)
+        width = _SCRUB_MIN_LENGTH
+        self._sampled.update(
+            dict.fromkeys(secret[offset : offset + width] for offset in range(self._stride))
+        )
 
     def held(self) -> frozenset[str]:
         """Every secret looked for."""
@@ -1261,14 +1258,15 @@ class _Secrets:
         windows = [text[at : at + width] for at in starts]
         if sampled.keys().isdisjoint(windows):
             return False
+        index = self._index
         for at, window in zip(starts, windows, strict=True):
-            there = sampled.get(window)
-            if there is None:
+            if window not in sampled:
                 continue
-            for secret in (there,) if isinstance(there, str) else there:
-                # the secret starts where this window is one of its first ``stride`` ones
-                for offset in range(min(stride, at + 1)):
-                    if secret.startswith(window, offset) and text.startswith(secret, at - offset):
+            # a secret holding this window among its first ``stride`` ones starts at most
+            # ``stride - 1`` before it (and after the previous sampled position's starts)
+            for start in range(max(0, at - stride + 1), at + 1):
+                for secret in index.get(text[start : start + width], ()):
+                    if text.startswith(secret, start):
                         return True
         return False
 

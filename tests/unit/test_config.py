@@ -1415,3 +1415,14 @@ def test_an_id_given_through_a_merge_key_is_checked_for_duplicates(
     assert problems_of(path) == [
         f"{path}:7: webhook 'w1': field 'id': duplicate webhook id (first defined on line 2)"
     ]
+
+
+def test_a_webhook_url_holding_a_secret_read_with_a_trailing_newline_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The secret is remembered with its surrounding blanks and without them (the second is a
+    part of the first): the url holding the stripped value is refused."""
+    text = webhook_yaml(secret="${SHOP_SECRET}", url=f"https://shop.example.com/hooks/{PLANTED}")
+    assert only_problem(write(tmp_path, text), {"SHOP_SECRET": f"{PLANTED}\n"}) == (
+        f"{SHOP} 'url': holds the value of a secret: a secret belongs in a secret field only"
+    )

@@ -967,3 +967,21 @@ def test_a_flow_collection_then_a_question_mark_is_found_as_the_expression_finds
     from bridge.config.loader import _flow_then_question
 
     assert _flow_then_question(text) == (_FLOW_THEN_QUESTION.search(text) is not None)
+
+
+@pytest.mark.parametrize(
+    "secrets",
+    [
+        ("0123456789abcdefXYZ", "123456789abcdefX"),  # stride 8, no rebuild
+        ("abcdefghij", "bcdefghij"),  # the stride shrinks: the longer one is sampled first
+        ("hunter2hunter2hunter2\n", "hunter2hunter2hunter2"),  # what remember_secret adds
+    ],
+)
+def test_a_secret_inside_another_one_added_before_it_is_found(secrets: tuple[str, str]) -> None:
+    """A secret that is a part of one added before it (a value and its ``strip()``) shares
+    sampled windows with it: it is found all the same, at every offset of a text."""
+    from bridge.config.loader import _Secrets
+
+    held = _Secrets(secrets)
+    for shift in range(9):
+        assert held.found_in("x" * shift + secrets[1] + "y")
