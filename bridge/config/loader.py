@@ -1765,7 +1765,7 @@ class _Loader:
         shown = [
             (key, str(value))
             for key in keys
-            if isinstance(value := values.get(key), str | Path) and not _is_secret_key(key)
+            if isinstance(value := values.get(key), (str, Path)) and not _secret_key(key)
         ]
         found_in = self._secrets.found_in
         # Asked of the values together first (one call, not one per field: a tenth of a load):
