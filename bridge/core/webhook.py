@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Final, Literal, TypeAlias, get_args
+from typing import Any, Final, Literal, TypeAlias, final, get_args
 
 from bridge.core.keys import (
     Boolean,
@@ -72,6 +72,7 @@ class Secret:
 TlsVersion: TypeAlias = Literal["TLSv1.2", "TLSv1.3"]
 
 
+@final  # (pickled as its constructor's arguments: a subclass would come back as this class)
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
     """How deliveries to an https receiver set up TLS: a CA file *added* to the system store
@@ -109,6 +110,7 @@ class TlsSettings:
         return (TlsSettings, _tls_fields(self))
 
 
+@final  # (as TlsSettings)
 @dataclass(frozen=True, slots=True)
 class Webhook:
     """One subscription: where to send which events of one account holder, and how to sign them.
