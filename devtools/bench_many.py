@@ -11,7 +11,8 @@ no name leaves the machine. The bridge pools connections per host name, so it ke
 Many and one run in turn, :attr:`ManySizes.rounds` times. Reported, as medians with every round
 kept: deliveries/s of each run (from the bridge's start to the last 2xx: judged), the same
 from the first 2xx (``steady``: without the start, which at 10,000 webhooks includes loading
-them), their ratios, CPU seconds per 1,000 deliveries, peak RSS, the file descriptors the
+them), their ratios, CPU seconds per 1,000 deliveries (the bridge's, and the receiver's, which
+shares the host's cores with it), peak RSS, the file descriptors the
 bridge held at the end, the seconds its cyclic garbage collector ran (``bridge_gc_*``), and the
 median of the rounds' ratios (each round's many against the one run next to it).
 """
@@ -77,10 +78,13 @@ def _run(
     expected: int,
     wrap: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    assert stage.receiver is not None
+    receiver, receiver_before = stage.receiver.pid, process_cpu_seconds(stage.receiver.pid)
     with stage.bridge(topic, hooks, wrap=wrap) as process:
         started = stage.bridge_started  # not before: writing 10,000 webhooks' file is not its start
         _wait(lambda: stage.received() >= expected, 900, f"{expected} deliveries", 0.2, process)
         cpu = process_cpu_seconds(process.pid)
+        receiver_cpu = process_cpu_seconds(receiver) - receiver_before
         rss = peak_rss_mb(process.pid)
         fds = len(os.listdir(f"/proc/{process.pid}/fd"))
         collector = collector_figures(stage.bridge_metrics_port)
@@ -98,6 +102,7 @@ def _run(
         "first_2xx_after_s": round(first - started, 2),
         "steady_deliveries_per_s": round(len(answered) / max(last - first, 1e-3)),
         "cpu_per_1000_s": round(cpu / expected * 1000, 3),
+        "receiver_cpu_per_1000_s": round(receiver_cpu / expected * 1000, 3),
         "peak_rss_mb": round(rss, 1),
         "open_fds_at_end": fds,
         **collector,
@@ -111,6 +116,7 @@ MANY_KEYS = (
     "first_2xx_after_s",
     "steady_deliveries_per_s",
     "cpu_per_1000_s",
+    "receiver_cpu_per_1000_s",
     "peak_rss_mb",
     "gc_seconds",
     "gc_collections",

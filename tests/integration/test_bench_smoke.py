@@ -55,6 +55,7 @@ def test_bench_quick_writes_results(kafka_bootstrap: str, tmp_path: Path) -> Non
     assert many["hosts_seen"] == 50 and len(many["rounds"]) == len(results["many_ratio_rounds"])
     for run in (many, one):  # the bridge's collector figures, read from its /metrics
         assert run["gc_collections"] > 0 and "gc_seconds" in run and "gc_full_collections" in run
+        assert run["receiver_cpu_per_1000_s"] > 0  # the stand-in receiver's share of the cores
 
 
 def test_first_group_joined_before_any_scenario(kafka_bootstrap: str, tmp_path: Path) -> None:
