@@ -1224,6 +1224,11 @@ class _Secrets:
             dict.fromkeys(secret[offset : offset + width] for offset in range(self._stride))
         )
 
+    def __contains__(self, secret: str) -> bool:
+        """Whether ``secret`` is looked for (one of at least :data:`_SCRUB_MIN_LENGTH`
+        characters added)."""
+        return secret in self._index.get(secret[:_SCRUB_MIN_LENGTH], ())
+
     def held(self) -> frozenset[str]:
         """Every secret looked for."""
         return frozenset().union(*self._index.values())
@@ -1294,7 +1299,6 @@ class _Loader:
         self._problems: list[tuple[_Source, int, str, str]] = []
         self._source: _Source = (0, path)  # the file being read (its problems name it)
         self._secrets = _Secrets()
-        self._remembered: set[str] = set()  # the texts given to remember_secret
         self._constructor = SafeConstructor()
         # With Reuse: the entries of a webhooks list composed with some left out (by the list's
         # id), and the digest of the text of each webhook composed that may be noted (by id).
@@ -1363,9 +1367,8 @@ class _Loader:
     def remember_secret(self, value: str | bytes) -> None:
         """Note a secret value so that no message can show it (see :attr:`problems`)."""
         text = value if isinstance(value, str) else value.decode("utf-8", "replace")
-        if text in self._remembered:  # (each is met two or three times: in the document, read)
-            return
-        self._remembered.add(text)
+        if text in self._secrets:  # (each is met two or three times: in the document, read)
+            return  # (and with it its strip(): added together, or it is a strip() itself)
         self._secrets.add(text)
         self._secrets.add(text.strip())
 

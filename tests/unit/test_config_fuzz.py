@@ -946,6 +946,7 @@ def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it_as_they_come(
     for secret, text in steps:
         held.add(secret)
         known.append(secret)
+        assert (secret in held) == (len(secret) >= _SCRUB_MIN_LENGTH)  # (remember_secret asks)
         long_enough = [each for each in known if len(each) >= _SCRUB_MIN_LENGTH]
         for shift in range(9):
             woven = text[:shift] + secret + text[shift:]
