@@ -82,6 +82,26 @@ class PendingDelivery:
         free (:meth:`bridge.engine.budget.Lane.room`)."""
         return self.attempt > 0 or self.deferrals > 0
 
+    def to(self, webhook_id: str) -> PendingDelivery:
+        """The same delivery of its record for ``webhook_id`` alone: that webhook's
+        ``webhook-id``, no other webhooks carried (``also``), everything else shared."""
+        if webhook_id == self.webhook_id:
+            return replace(self, also=()) if self.also else self
+        return PendingDelivery(
+            webhook_id,
+            message_id(self.transaction_id, self.event, webhook_id),
+            self.event,
+            self.transaction_id,
+            self.body,
+            self.attempt,
+            self.source,
+            self.key,
+            self.due_ms,
+            self.last_status,
+            self.last_error,
+            self.deferrals,
+        )
+
     def next(
         self, attempt: int, due_ms: int, status: int | None, error: str, deferred: bool = False
     ) -> PendingDelivery:
@@ -214,17 +234,4 @@ def _also(values: dict[str, str]) -> tuple[str, ...]:
 def expand(delivery: PendingDelivery) -> list[PendingDelivery]:
     """One delivery per webhook of a record that carries several (``also``): each with its own
     ``webhook-id``, everything else shared."""
-    if not delivery.also:
-        return [delivery]
-    first = replace(delivery, also=())
-    return [
-        first,
-        *(
-            replace(
-                first,
-                webhook_id=webhook_id,
-                message_id=message_id(delivery.transaction_id, delivery.event, webhook_id),
-            )
-            for webhook_id in delivery.also
-        ),
-    ]
+    return [delivery.to(webhook_id) for webhook_id in (delivery.webhook_id, *delivery.also)]

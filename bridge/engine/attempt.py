@@ -218,7 +218,7 @@ class Deliverer:
         """One attempt, then its consequence: received, next rung, parked or dead letter."""
         lane = self.lanes.of(webhook)
         if not await lane.enter(delivery.came_back):
-            await self.recovery.park([delivery])  # no request made, no attempt spent
+            await self.recovery.park(delivery)  # no request made, no attempt spent
             return
         answered: bool | None = None  # None: cancelled before the attempt ended
         try:

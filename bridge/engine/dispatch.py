@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bridge.core.envelope import PendingDelivery
@@ -109,26 +109,35 @@ class Dispatcher:
         self,
         partition: PartitionState,
         offset: int,
-        wanted: list[tuple[PendingDelivery, Webhook]],
-        gone: list[tuple[PendingDelivery, str]],
+        record: PendingDelivery,
+        wanted: Sequence[Webhook],
+        gone: list[tuple[str, str]],
     ) -> None:
-        """Start the deliveries of one record (all of one event, at one attempt). Those whose
-        webhook refuses work now (stalled, or its unanswered credit spent) are parked together,
-        in one record; those whose webhook is gone are dead-lettered."""
-        go: list[tuple[PendingDelivery, Webhook]] = []
-        park: list[PendingDelivery] = []
-        for delivery, webhook in wanted:
-            if self.lanes.refusing(webhook.id, delivery.came_back):
-                park.append(delivery)
+        """Start the deliveries of one record (all of one event, at one attempt) to the
+        ``wanted`` webhooks. Those whose webhook refuses work now (stalled, or its unanswered
+        credit spent) are parked together, in one record; the webhooks ``gone`` (id, reason)
+        are dead-lettered.
+
+        ``record`` is the record's delivery to any one webhook: each delivery is made from it
+        only when it is started or written (:meth:`PendingDelivery.to`), so a record parked for
+        nine webhooks makes one delivery and one ``webhook-id``, not nine."""
+        go: list[Webhook] = []
+        refused: list[str] = []
+        came_back = record.came_back
+        for webhook in wanted:
+            if self.lanes.refusing(webhook.id, came_back):
+                refused.append(webhook.id)
             else:
-                go.append((delivery, webhook))
-        work = RecordWork(partition, offset, len(go) + len(gone) + (1 if park else 0))
-        for delivery, webhook in go:  # counted in flight until its task is done
-            self._counted(partition, self.deliver(delivery, webhook, work))
-        for delivery, reason in gone:
-            partition.spawn(settled(work, self.recovery.dead_letter(delivery, reason)))
-        if park:  # counted in flight like a delivery: it holds a body until the broker has it
-            self._counted(partition, settled(work, self.recovery.park(park)))
+                go.append(webhook)
+        work = RecordWork(partition, offset, len(go) + len(gone) + (1 if refused else 0))
+        for webhook in go:  # counted in flight until its task is done
+            self._counted(partition, self.deliver(record.to(webhook.id), webhook, work))
+        for webhook_id, reason in gone:
+            dead = self.recovery.dead_letter(record.to(webhook_id), reason)
+            partition.spawn(settled(work, dead))
+        if refused:  # counted in flight like a delivery: it holds a body until the broker has it
+            park = self.recovery.park(record.to(refused[0]), tuple(refused[1:]))
+            self._counted(partition, settled(work, park))
 
     def settle(
         self, partition: PartitionState, offset: int, step: Coroutine[Any, Any, None]

@@ -16,7 +16,7 @@ import time
 from confluent_kafka import Message
 
 from bridge.codec.decoding import Decoder
-from bridge.core.envelope import EnvelopeError, PendingDelivery, SourceRef, expand, parse_delivery
+from bridge.core.envelope import EnvelopeError, PendingDelivery, SourceRef, parse_delivery
 from bridge.core.errors import BridgeError, RecordError
 from bridge.core.mapping import to_notification
 from bridge.core.signing import message_id
@@ -82,25 +82,18 @@ class Intake:
         if not webhooks:
             partition.finished(source.offset)
             return True
-        wanted = [
-            (
-                PendingDelivery(
-                    webhook_id=webhook.id,
-                    message_id=message_id(
-                        notification.transaction_id, notification.event, webhook.id
-                    ),
-                    event=notification.event,
-                    transaction_id=notification.transaction_id,
-                    body=notification.body,
-                    attempt=0,
-                    source=source,
-                    key=msg.key(),
-                ),
-                webhook,
-            )
-            for webhook in webhooks
-        ]
-        self.dispatcher.dispatch(partition, source.offset, wanted, [])
+        first = webhooks[0].id
+        delivery = PendingDelivery(  # to the first webhook; the others are made from it
+            webhook_id=first,
+            message_id=message_id(notification.transaction_id, notification.event, first),
+            event=notification.event,
+            transaction_id=notification.transaction_id,
+            body=notification.body,
+            attempt=0,
+            source=source,
+            key=msg.key(),
+        )
+        self.dispatcher.dispatch(partition, source.offset, delivery, webhooks, [])
         return True
 
     def _hold(self, partition: PartitionState, offset: int, exc: BridgeError) -> None:
@@ -149,17 +142,17 @@ class Intake:
         self.metrics.consumed_retry.inc()
         self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
         partition.started(msg.offset())
-        wanted: list[tuple[PendingDelivery, Webhook]] = []
-        gone: list[tuple[PendingDelivery, str]] = []
-        for one in expand(delivery):
-            webhook = self.subscriptions.get(one.webhook_id)
-            if webhook is not None and webhook.enabled and one.event in webhook.events:
-                wanted.append((one, webhook))
+        wanted: list[Webhook] = []
+        gone: list[tuple[str, str]] = []
+        for webhook_id in (delivery.webhook_id, *delivery.also):
+            webhook = self.subscriptions.get(webhook_id)
+            if webhook is not None and webhook.enabled and delivery.event in webhook.events:
+                wanted.append(webhook)
             elif webhook is None:
-                gone.append((one, "webhook_removed"))
+                gone.append((webhook_id, "webhook_removed"))
             elif not webhook.enabled:
-                gone.append((one, "webhook_disabled"))
+                gone.append((webhook_id, "webhook_disabled"))
             else:
-                gone.append((one, "event_unsubscribed"))
-        self.dispatcher.dispatch(partition, msg.offset(), wanted, gone)
+                gone.append((webhook_id, "event_unsubscribed"))
+        self.dispatcher.dispatch(partition, msg.offset(), delivery, wanted, gone)
         return True

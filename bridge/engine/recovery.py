@@ -52,22 +52,21 @@ class Recovery:
         """Write a delivery to a delay topic (a rung of the ladder, or the parking topic)."""
         await self.produce(topic, delivery.body, delivery.key, delay_headers(delivery), "retry")
 
-    async def park(self, deliveries: list[PendingDelivery]) -> None:
-        """Park deliveries of one record (one event, one attempt, as often parked) in one record
-        of the parking topic, without using an attempt; each parked too often is dead-lettered."""
-        first = deliveries[0]
-        step = self.policy.defer(first.attempt, first.deferrals, now_ms_rounded_up())
+    async def park(self, delivery: PendingDelivery, also: tuple[str, ...] = ()) -> None:
+        """Park ``delivery``, and the deliveries of its record to the webhooks ``also`` (one
+        event, one attempt, as often parked), in one record of the parking topic, without using
+        an attempt; each parked too often is dead-lettered."""
+        step = self.policy.defer(delivery.attempt, delivery.deferrals, now_ms_rounded_up())
         if isinstance(step, GiveUp):
-            for delivery in deliveries:
-                await self.dead_letter(delivery, "webhook_stalled", step.attempts_made)
+            for webhook_id in (delivery.webhook_id, *also):
+                stalled = delivery.to(webhook_id)
+                await self.dead_letter(stalled, "webhook_stalled", step.attempts_made)
             return
-        parked = replace(
-            first.next(first.attempt, step.due_ms, None, "", deferred=True),
-            also=tuple(d.webhook_id for d in deliveries[1:]),
-        )
+        parked = replace(delivery, due_ms=step.due_ms, deferrals=delivery.deferrals + 1, also=also)
         await self.delay(parked, step.topic)
-        for delivery in deliveries:
-            self.metrics.deferrals.labels(delivery.webhook_id).inc()
+        deferrals = self.metrics.deferrals
+        for webhook_id in (delivery.webhook_id, *also):
+            deferrals.labels(webhook_id).inc()
 
     async def hand_off(self, delivery: PendingDelivery) -> None:
         """At shutdown: park a delivery still in flight in rung 1, due at once, same attempt."""

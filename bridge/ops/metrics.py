@@ -69,6 +69,8 @@ class _Member:
     last_failure: float = float("-inf")
     series: set[_Series] = field(default_factory=set)
     received: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)  # by HTTP status
+    children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = field(default_factory=dict)
+    """Its series' children by metric and the labels after ``webhook`` (they go with it)."""
 
 
 class TrackedWebhooks:
@@ -100,16 +102,13 @@ class TrackedWebhooks:
         self._failing_count = failing_count
         self._all_failed_until = float("-inf")  # no member can give way to a failing one before
 
-    def label(self, webhook: str, failing: bool | None = None) -> str:
-        """The ``webhook`` label for traffic of ``webhook``: its id when tracked, else ``OTHER``.
+    def enter(self, webhook: str, failing: bool | None) -> _Member | None:
+        """Record traffic of ``webhook``; its member record, or None when it is not tracked (its
+        traffic counts under ``OTHER``).
 
         ``failing`` says what the traffic tells: True for an attempt not received or a deferral,
         False for an attempt received, None for nothing new (a duration, a dead letter).
         """
-        return webhook if self.enter(webhook, failing) is not None else OTHER
-
-    def enter(self, webhook: str, failing: bool | None) -> _Member | None:
-        """Record traffic of ``webhook``; its member record, or None when it is not tracked."""
         now = self.clock()
         configured = self.configured is None or webhook in self.configured
         if failing is not None and configured:
@@ -214,14 +213,24 @@ class _ByWebhook:
         self.failing = failing
 
     def labels(self, webhook: str, *rest: str) -> Any:
-        """The child for ``webhook`` (its own series when tracked, else ``OTHER``'s)."""
+        """The child for ``webhook`` (its own series when tracked, else ``OTHER``'s).
+
+        A tracked webhook's children are kept on its member record (a parked record of nine
+        webhooks asks for nine deferral children): they are removed from the metric only when
+        the member leaves, and the cache goes with it."""
+        metric = self.metric
         if webhook == NO_WEBHOOK:
-            return self.metric.labels(webhook, *rest)
-        label = self.webhooks.label(webhook, self.failing(rest))
-        values = (label, *rest)
-        if label != OTHER:
-            self.webhooks.own(label, self.metric, values)
-        return self.metric.labels(*values)
+            return metric.labels(webhook, *rest)
+        member = self.webhooks.enter(webhook, self.failing(rest))
+        if member is None:
+            return metric.labels(OTHER, *rest)
+        key = (metric, rest)
+        child = member.children.get(key)
+        if child is None:
+            values = (webhook, *rest)
+            member.series.add((metric, values))
+            child = member.children[key] = metric.labels(*values)
+        return child
 
 
 class _ByRung:

@@ -5,6 +5,7 @@ first, removed ones dropped; every other webhook's traffic under ``(other)``).""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -264,6 +265,42 @@ def test_the_tracked_set_never_exceeds_its_limit_and_other_takes_the_rest() -> N
     assert value(registry, "bridge_deliveries_total", webhook=OTHER) > 0
     assert len(metrics.webhooks.failing) == value(registry, "bridge_webhooks_failing")
     assert 0 < value(registry, "bridge_deliveries_total") <= attempts
+
+
+def test_a_member_series_count_its_traffic_since_it_last_joined() -> None:
+    """Members leave and come back (idle, or giving way to failing newcomers): each time a
+    webhook joins, its series start from nothing, and while it stays each of its deferrals and
+    failed attempts is counted on them (its children are cached while it is a member, never
+    after it left)."""
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    metrics = Metrics(registry, webhook_series=3, clock=clock)
+    hooks = [f"hook-{n}" for n in range(8)]
+    metrics.register_webhooks(hooks, RUNGS)
+    rng = random.Random(5)
+    since_joined: dict[str, Counter[str]] = {}
+    rejoined = 0
+    for step in range(1500):
+        clock.now += rng.choice((0.01, 1.0, IDLE_AFTER_S, RECENT_FAILURE_S))
+        hook = rng.choice(hooks)
+        before = metrics.webhooks.members.get(hook)
+        kind = rng.choice(("deferred", "failed", "received"))
+        {"deferred": deferred, "failed": failed, "received": received}[kind](metrics, hook)
+        member = metrics.webhooks.members.get(hook)
+        if member is None:
+            continue
+        if member is not before:
+            rejoined += before is None and hook in since_joined
+            since_joined[hook] = Counter()
+        since_joined[hook][kind] += 1
+        for webhook in metrics.webhooks.members if step % 25 == 0 else (hook,):
+            counts = since_joined[webhook]
+            assert value(registry, "bridge_deferrals_total", webhook=webhook) == counts["deferred"]
+            assert (
+                value(registry, "bridge_deliveries_total", webhook=webhook, outcome="failed")
+                == counts["failed"]
+            )
+    assert rejoined > 200, "members left and came back"
 
 
 def test_a_failing_newcomer_takes_the_place_of_the_first_failure_to_age() -> None:

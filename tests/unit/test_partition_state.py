@@ -15,10 +15,11 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from bridge.core.envelope import PendingDelivery, SourceRef
+from bridge.core.envelope import PendingDelivery, SourceRef, parse_delivery
 from bridge.core.errors import RegistryUnavailableError
 from bridge.core.retry import RetryPolicy
 from bridge.core.settings import Config, RetryConfig, TopicsConfig
+from bridge.core.signing import message_id
 from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine.budget import Lanes
@@ -193,9 +194,9 @@ def test_deliveries_are_counted_in_flight_until_their_task_is_done() -> None:
         engine = Engine()
         state = PartitionState(SRC)
         state.started(7)
-        wanted = [(delivery(f"w{n}", 7), hook(f"w{n}")) for n in range(3)]
-        gone = [(delivery("removed", 7), "webhook_removed")]
-        engine.dispatcher.dispatch(state, 7, wanted, gone)
+        wanted = [hook(f"w{n}") for n in range(3)]
+        gone = [("removed", "webhook_removed")]
+        engine.dispatcher.dispatch(state, 7, delivery("w0", 7), wanted, gone)
         assert engine.in_flight.count == 3 and len(state.tasks) == 4
         assert engine.registry.get_sample_value("bridge_deliveries_in_flight") == 3
         await asyncio.sleep(0.01)
@@ -215,7 +216,7 @@ def test_a_delivery_cancelled_before_it_ran_is_no_longer_counted() -> None:
         engine = Engine()
         state = PartitionState(SRC)
         state.started(0)
-        engine.dispatcher.dispatch(state, 0, [(delivery("w0"), hook("w0"))], [])
+        engine.dispatcher.dispatch(state, 0, delivery("w0"), [hook("w0")], [])
         assert engine.in_flight.count == 1
         for task in list(state.tasks):
             task.cancel()
@@ -230,16 +231,21 @@ def test_a_delivery_cancelled_before_it_ran_is_no_longer_counted() -> None:
 def test_deliveries_of_a_refusing_webhook_are_parked_together_and_counted_once() -> None:
     async def main() -> None:
         engine = Engine()
-        engine.lanes.of(hook("stalled")).credit = 0.0  # out of unanswered credit: refusing
         state = PartitionState(SRC)
         state.started(3)
-        parked = [(delivery("stalled", 3), hook("stalled"))]
-        engine.dispatcher.dispatch(state, 3, [*parked, (delivery("ok", 3), hook("ok"))], [])
+        for name in ("stalled", "silent"):
+            engine.lanes.of(hook(name)).credit = 0.0  # out of unanswered credit: refusing
+        wanted = [hook("stalled"), hook("ok"), hook("silent")]
+        engine.dispatcher.dispatch(state, 3, delivery("ok", 3), wanted, [])
         assert engine.in_flight.count == 2, "one delivery and one park"
         engine.answer.set()
         await asyncio.sleep(0.01)
         assert engine.started == ["ok"]
-        assert len(engine.kafka.topics["src.parked"]) == 1
+        [record] = engine.kafka.topics["src.parked"]
+        parked = parse_delivery(record.headers(), record.value(), record.key())
+        assert (parked.webhook_id, parked.also) == ("stalled", ("silent",))
+        assert parked.message_id == message_id("tx-3", "transaction.success", "stalled")
+        assert (parked.deferrals, parked.attempt) == (1, 0)
         assert engine.in_flight.count == 0 and state.committable == 4
 
     run(main())
