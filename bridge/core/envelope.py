@@ -229,9 +229,3 @@ def _also(values: dict[str, str]) -> tuple[str, ...]:
     if not all(ids) or len(set(ids)) != len(ids) or values.get(H_WEBHOOK) in ids:
         raise EnvelopeError(f"header {H_ALSO} is malformed")
     return ids
-
-
-def expand(delivery: PendingDelivery) -> list[PendingDelivery]:
-    """One delivery per webhook of a record that carries several (``also``): each with its own
-    ``webhook-id``, everything else shared."""
-    return [delivery.to(webhook_id) for webhook_id in (delivery.webhook_id, *delivery.also)]

@@ -12,7 +12,6 @@ from bridge.core.envelope import (
     SourceRef,
     dead_letter_headers,
     delay_headers,
-    expand,
     header_map,
     parse_delivery,
     poison_headers,
@@ -86,12 +85,12 @@ def test_malformed_number_is_a_clear_error() -> None:
         parse_delivery(headers, DELIVERY.body, None)
 
 
-def test_a_record_for_several_webhooks_round_trips_and_expands_to_one_delivery_each() -> None:
+def test_a_record_for_several_webhooks_round_trips_and_gives_one_delivery_each() -> None:
     first = replace(DELIVERY, message_id=message_id("tx-1", "transaction.failed", "shop"))
     group = replace(first, also=("crm", "ledger.v2"))
     parsed = parse_delivery(delay_headers(group), group.body, group.key)
     assert parsed == group
-    one_each = expand(parsed)
+    one_each = [parsed.to(w) for w in (parsed.webhook_id, *parsed.also)]
     assert [d.webhook_id for d in one_each] == ["shop", "crm", "ledger.v2"]
     assert [d.message_id for d in one_each] == [
         message_id("tx-1", "transaction.failed", w) for w in ("shop", "crm", "ledger.v2")
@@ -101,7 +100,10 @@ def test_a_record_for_several_webhooks_round_trips_and_expands_to_one_delivery_e
         (2, 1, DELIVERY.due_ms, DELIVERY.body, DELIVERY.source)
     }
     assert "bridge-also-webhooks" not in header_map(delay_headers(one_each[1]))
-    assert expand(DELIVERY) == [DELIVERY]
+    assert DELIVERY.to(DELIVERY.webhook_id) is DELIVERY, "its own webhook: itself"
+    assert replace(DELIVERY, message_id="msg_as_written").to(DELIVERY.webhook_id).message_id == (
+        "msg_as_written"
+    ), "the webhook-id a record carries is kept for its own webhook"
 
 
 @pytest.mark.parametrize("also", ["", ",crm", "crm,,x", "crm,crm", "shop,crm"])
