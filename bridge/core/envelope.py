@@ -3,8 +3,8 @@
 A delay-topic record carries one delivery: the exact body as value, and in headers the webhook, the
 ``webhook-id``, the attempt due, the due time, the last error and the original coordinates. A
 parking-topic record may carry the same event for several webhooks at once (``bridge-also-webhooks``
-lists the others; their ``webhook-id`` is derived again, :func:`expand`): a neighbour whose many
-webhooks are all parked costs one record per event, not one per webhook.
+lists the others; their ``webhook-id`` is derived again, :meth:`PendingDelivery.to`): a
+neighbour whose many webhooks are all parked costs one record per event, not one per webhook.
 A dead letter carries either that same delivery (``kind=delivery``) or a poison source record's raw
 bytes (``kind=poison``), with the reason and when it happened. Header names start with ``bridge-``;
 secrets never appear in them.

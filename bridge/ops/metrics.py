@@ -219,7 +219,7 @@ class _ByWebhook:
         webhooks asks for nine deferral children): they are removed from the metric only when
         the member leaves, and the cache goes with it."""
         metric = self.metric
-        if webhook == NO_WEBHOOK:
+        if webhook in (NO_WEBHOOK, OTHER):  # (OTHER's series is nobody's to own)
             return metric.labels(webhook, *rest)
         member = self.webhooks.enter(webhook, self.failing(rest))
         if member is None:
