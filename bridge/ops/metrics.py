@@ -219,10 +219,10 @@ class _ByWebhook:
         webhooks asks for nine deferral children): they are removed from the metric only when
         the member leaves, and the cache goes with it."""
         metric = self.metric
-        if webhook in (NO_WEBHOOK, OTHER):  # (OTHER's series is nobody's to own)
+        if webhook == NO_WEBHOOK:
             return metric.labels(webhook, *rest)
         member = self.webhooks.enter(webhook, self.failing(rest))
-        if member is None:
+        if member is None or webhook == OTHER:  # (OTHER's series is nobody's to own)
             return metric.labels(OTHER, *rest)
         key = (metric, rest)
         child = member.children.get(key)
