@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 from bridge import __version__
 from bridge.config.loader import load_config
@@ -52,13 +51,22 @@ def _color(text: str, code: str, stream: object = sys.stdout) -> str:
     return f"\033[{code}m{text}\033[0m"
 
 
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    lines += [
-        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    ]
-    return "\n".join(lines)
+def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
+    """``rows`` under ``header`` in left-aligned columns two spaces apart (one format string for
+    every line: ``bridge check`` prints one row per webhook, 100,000 of them at scale)."""
+    texts = [[*map(str, header)], *([*map(str, row)] for row in rows)]
+    widths = [max(map(len, column)) for column in zip(*texts, strict=True)]
+    line = "  ".join(f"{{:<{width}}}" for width in widths)
+    return "\n".join(line.format(*cells).rstrip() for cells in texts)
+
+
+def _authority(url: str) -> str:
+    """``urlsplit(url).netloc`` of a URL the loader accepted (``http(s)://``, no whitespace, no
+    control characters), without building the rest of the split."""
+    rest = url.partition("//")[2]
+    for end in "/?#":
+        rest = rest.partition(end)[0]
+    return rest
 
 
 def load_config_argument(args: argparse.Namespace) -> Config:
@@ -214,7 +222,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             w.id,
             w.account,
             ",".join(sorted(w.events)),
-            urlsplit(w.url).netloc,
+            _authority(w.url),
             w.signature,
             "yes" if w.enabled else "no",
         ]
