@@ -240,8 +240,8 @@ def test_hostile_server_survives_anything_and_caps_each_connection(
 
 def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_path: Path) -> None:
     """``--only isolation --quick``: alone, beside a hung webhook, beside the hostile neighbour,
-    and the backlog alone and beside it; then all of it again in the split placement (about
-    140 s on two cores)."""
+    beside a busy one (the control), and the backlog alone and beside the hostile one; then all of
+    it again in the split placement (about 170 s on two cores)."""
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [
@@ -268,16 +268,18 @@ def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_pa
         ("isolation_alone", "none"),
         ("isolation_hung", "hung"),
         ("isolation_hostile", "hostile"),
+        ("isolation_busy", "busy"),
     ]:
         assert results[name]["neighbour"] == neighbour
         assert results[name]["count"] == 2500  # 500/s for 5 s, every healthy delivery arrived
     assert results["isolation_hostile"]["hostile_connections"] > 0
+    assert "hostile_connections" not in results["isolation_busy"]
     alone, hostile = results["neighbour_alone"], results["neighbour_hostile"]
     assert alone["deliveries_per_s"] > 0 and alone["neighbour_records"] == 0
     assert hostile["deliveries_per_s"] > 0 and hostile["neighbour_records"] == 250
     assert hostile["hostile_connections"] > 0
     # and again with the bridge on a CPU of its own (split placement)
-    for name in ("alone", "hung", "hostile"):
+    for name in ("alone", "hung", "hostile", "busy"):
         assert results[f"split_isolation_{name}"]["count"] == 2500
     assert results["split_neighbour_hostile"]["neighbour_records"] == 250
     assert results["split_neighbour_alone"]["deliveries_per_s"] > 0
