@@ -22,6 +22,7 @@ from bridge import __version__
 from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
+from bridge.core.urls import url_authority
 
 if TYPE_CHECKING:
     from bridge.config.reload import Primer
@@ -58,15 +59,6 @@ def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     widths = [max(map(len, column)) for column in zip(*texts, strict=True)]
     line = "  ".join(f"{{:<{width}}}" for width in widths)
     return "\n".join(line.format(*cells).rstrip() for cells in texts)
-
-
-def _authority(url: str) -> str:
-    """``urlsplit(url).netloc`` of a URL the loader accepted (``http(s)://``, no whitespace, no
-    control characters), without building the rest of the split."""
-    rest = url.partition("//")[2]
-    for end in "/?#":
-        rest = rest.partition(end)[0]
-    return rest
 
 
 def load_config_argument(args: argparse.Namespace) -> Config:
@@ -222,7 +214,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             w.id,
             w.account,
             ",".join(sorted(w.events)),
-            _authority(w.url),
+            url_authority(w.url),
             w.signature,
             "yes" if w.enabled else "no",
         ]

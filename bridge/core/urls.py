@@ -134,13 +134,20 @@ def _quote(text: str) -> str:
     return text if _QUOTED_ALREADY.fullmatch(text) else quote(text, safe=PATH_SAFE)
 
 
+def url_authority(url: str) -> str:
+    """The authority of ``url`` as written: what follows ``scheme://`` up to the first ``/``,
+    ``?`` or ``#`` ("" without ``//``). For a URL :func:`parse_webhook_url` accepts it is
+    ``urlsplit(url).netloc``, without building the rest of the split."""
+    rest = url.partition(":")[2]
+    if not rest.startswith("//"):
+        return ""
+    return _AUTHORITY_END.split(rest[2:], maxsplit=1)[0]
+
+
 def _has_userinfo(url: str) -> bool:
     """Whether the authority of ``url`` holds an ``@``, also after NFKC normalisation (a
     fullwidth commercial at, U+FF20, becomes one in ``urlsplit``'s own check)."""
-    rest = url.partition(":")[2]
-    if not rest.startswith("//"):
-        return False
-    authority = _AUTHORITY_END.split(rest[2:], maxsplit=1)[0]
+    authority = url_authority(url)
     if authority.isascii():  # NFKC leaves ASCII as it is
         return "@" in authority
     return "@" in unicodedata.normalize("NFKC", authority)

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
-from bridge.cli import _authority, _table, build_parser, main, parse_time
-from bridge.core.urls import UrlError, parse_webhook_url
-from devtools.bench_config import config_text
+from bridge.cli import _table, build_parser, main, parse_time
 
 
 def test_parse_time_accepts_ages_and_iso_times() -> None:
@@ -206,37 +200,6 @@ def test_the_service_imports_ahead_of_need_leave_a_failure_to_the_import_that_ne
     _import_service()  # returns, raising nothing
     with pytest.raises(ImportError):
         import bridge.app  # noqa: F401
-
-
-_URL_PARTS = st.tuples(
-    st.sampled_from(["http", "https", "HTTPS", "Http"]),
-    st.sampled_from(
-        ["h.example", "Bücher.Example", "faß.de", "1.2.3.4", "[::1]", "[2606:2800:220::5]", "x."]
-    ),
-    st.sampled_from(["", ":1", ":8443", ":65535"]),
-    st.sampled_from(["", "/", "/a/b", "/p:q@r", "/a//b", "/?", "/x?y=1/2"]),
-    st.sampled_from(["", "?", "?q=%20", "?a=b/c#", "?u=http://x/y", "?k=a:b@c"]),
-)
-
-
-@given(_URL_PARTS)
-@settings(max_examples=400, deadline=None)
-def test_check_shows_the_host_of_every_accepted_url_as_urlsplit_does(
-    parts: tuple[str, ...],
-) -> None:
-    url = "{}://{}{}{}{}".format(*parts)
-    try:
-        parse_webhook_url(url)
-    except UrlError:
-        assume(False)  # the loader refuses it: check never shows it
-    assert _authority(url) == urlsplit(url).netloc
-
-
-def test_check_shows_the_hosts_of_the_benchmark_configuration_as_urlsplit_does() -> None:
-    urls = re.findall(r"url: \"?([^\"\s]+)", config_text(2_000))
-    assert len(urls) == 2_000
-    for url in urls:
-        assert _authority(url) == urlsplit(url).netloc, url
 
 
 def test_a_table_pads_each_column_to_its_widest_cell_and_strips_line_ends() -> None:

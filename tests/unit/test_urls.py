@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bridge.core import urls
-from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url
+from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url, url_authority
+from devtools.bench_config import config_text
 
 
 @pytest.mark.parametrize(
@@ -140,3 +142,39 @@ def test_plain_urls_take_the_direct_path() -> None:
         "https://h.example:65535/a/b;c=d?x=1&y=%C3%A4",
     ]:
         assert urls._PLAIN_URL.fullmatch(url), url
+
+
+_URL_PARTS = st.tuples(
+    st.sampled_from(["http", "https", "HTTPS", "Http"]),
+    st.sampled_from(
+        ["h.example", "Bücher.Example", "faß.de", "1.2.3.4", "[::1]", "[2606:2800:220::5]", "x."]
+    ),
+    st.sampled_from(["", ":1", ":8443", ":65535"]),
+    st.sampled_from(["", "/", "/a/b", "/p:q@r", "/a//b", "/?", "/x?y=1/2"]),
+    st.sampled_from(["", "?", "?q=%20", "?a=b/c#", "?u=http://x/y", "?k=a:b@c"]),
+)
+
+
+@given(_URL_PARTS)
+@settings(max_examples=400, deadline=None)
+def test_the_authority_of_every_accepted_url_is_urlsplits_netloc(
+    parts: tuple[str, ...],
+) -> None:
+    url = "{}://{}{}{}{}".format(*parts)
+    try:
+        parse_webhook_url(url)
+    except UrlError:
+        assume(False)  # refused: nobody asks its authority
+    assert url_authority(url) == urlsplit(url).netloc
+
+
+def test_the_authority_of_each_url_of_the_benchmark_configuration_is_urlsplits_netloc() -> None:
+    urls = re.findall(r"url: \"?([^\"\s]+)", config_text(2_000))
+    assert len(urls) == 2_000
+    for url in urls:
+        assert url_authority(url) == urlsplit(url).netloc, url
+
+
+def test_a_url_without_double_slash_has_no_authority() -> None:
+    assert url_authority("mailto:a@b.example") == ""
+    assert url_authority("https://h.example#x") == "h.example"
