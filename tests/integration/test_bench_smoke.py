@@ -272,6 +272,9 @@ def test_bench_quick_isolation_runs_every_neighbour(kafka_bootstrap: str, tmp_pa
     ]:
         assert results[name]["neighbour"] == neighbour
         assert results[name]["count"] == 2500  # 500/s for 5 s, every healthy delivery arrived
+        # the p99 of the records after the neighbour's first second (its onset) is one of them
+        for round_ in results[name]["rounds"]:
+            assert 0 < round_["p99_after_onset_ms"] <= round_["max_ms"]
     assert results["isolation_hostile"]["hostile_connections"] > 0
     assert "hostile_connections" not in results["isolation_busy"]
     alone, hostile = results["neighbour_alone"], results["neighbour_hostile"]

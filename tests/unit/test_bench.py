@@ -17,6 +17,7 @@ from devtools.bench import (
     Sizes,
     Stage,
     _median_of,
+    after_onset,
     cpu_seconds,
     interleave,
     render,
@@ -88,6 +89,15 @@ def test_throughput_rounds_keep_their_settings_and_show_each_rate() -> None:
     assert summary["metrics"] is True and summary["records"] == 10
     table = render({"machine": {}, "throughput": summary})
     assert '"round_deliveries_per_s": [5, 10]' in table
+
+
+def test_after_onset_keeps_the_records_a_second_or_more_after_the_first() -> None:
+    # (append time, latency), not in time order: delivery reports come as they come
+    timed = [(100.4, 0.030), (100.0, 0.020), (101.0, 0.002), (100.999, 0.040), (102.5, 0.003)]
+    assert after_onset(timed) == [0.002, 0.003]
+    assert after_onset(timed, onset_s=0.4) == [0.030, 0.002, 0.040, 0.003]
+    assert after_onset(timed, onset_s=0.0) == [lat for _, lat in timed]
+    assert after_onset([]) == []
 
 
 def test_interleave_spreads_the_smaller_account_evenly() -> None:
