@@ -17,6 +17,14 @@ committed); each request may wait :data:`TIMEOUT_S`, and the next round starts
 timing out while a broker was down aborted the whole process (an assertion in
 ``rd_kafka_enq_once_del_source_return``, three bridges of three in the cluster scenario).
 
+The committed offsets come from the group's coordinator, a broker like any other: while it is
+down (a coordinator killed takes the cluster about ten seconds to replace) they cannot be read,
+and nobody can commit either. So the offsets last read of each partition stand in for up to
+:data:`COMMITTED_KEPT_S`: the lag keeps counting the records that arrive meanwhile (the ends
+come from the partitions' leaders) and the commit age keeps growing, exactly while the lag
+alerts need them; a figure is never older than that (the cluster scenario lost every figure for
+13 s when the node killed was both the controller and the coordinator).
+
 The figure counts offsets: on a transactional or compacted topic, markers and removed records
 count too (as in librdkafka's own ``consumer_lag``).
 """
@@ -38,6 +46,8 @@ INTERVAL_S = 5.0
 """How often the lag is read (librdkafka's statistics come as often)."""
 TIMEOUT_S = 4.0
 """How long one request may take; a round that fails leaves no figure rather than a stale one."""
+COMMITTED_KEPT_S = 60.0
+"""How long a partition's committed offset, once read, stands in while it cannot be read again."""
 READER_SETTINGS = {"enable.auto.commit": False, "enable.auto.offset.store": False}
 FROM_END = frozenset({"latest", "largest", "end"})
 """``auto.offset.reset`` values that start a never-committed partition at its end."""
@@ -92,6 +102,7 @@ class GroupLag:
         self._consumer = Consumer({**settings, **READER_SETTINGS, "group.id": group})
         self._clock = clock
         self._since: dict[TP, tuple[int, float]] = {}  # committed offset, first seen at
+        self._read: dict[TP, tuple[int, float]] = {}  # committed offset, last read at
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kafka-lag", daemon=True)
 
@@ -135,11 +146,9 @@ class GroupLag:
         if not leaders:
             raise KafkaException(f"none of the topics known: {', '.join(self.topics)}")
         asked = [TopicPartition(*tp) for led in leaders.values() for tp in led]
-        committed = {
-            (found.topic, found.partition): found.offset
-            for found in self._consumer.committed(asked, timeout=TIMEOUT_S)
-            if found.error is None
-        }
+        committed = self._committed(asked)
+        if not committed:
+            raise KafkaException("the group's committed offsets could not be read")
         led_here = [[tp for tp in led if tp in committed] for led in leaders.values()]
         ends = self._offsets(led_here, OFFSET_END)
         if not ends:
@@ -150,6 +159,26 @@ class GroupLag:
         else:
             lag = group_lag(ends, committed, None)
         return Reading(lag, self._commit_ages(lag, committed))
+
+    def _committed(self, asked: list[TopicPartition]) -> dict[TP, int]:
+        """The group's committed offset of each partition ``asked``: as read now, or, for a
+        partition whose offset cannot be read now (the coordinator down), as last read up to
+        :data:`COMMITTED_KEPT_S` ago (see the module's text)."""
+        try:
+            found = self._consumer.committed(asked, timeout=TIMEOUT_S)
+        except KafkaException:
+            found = []
+        now = self._clock()
+        for each in found:
+            if each.error is None:
+                self._read[(each.topic, each.partition)] = (each.offset, now)
+        committed = {}
+        for partition in asked:
+            tp = (partition.topic, partition.partition)
+            known = self._read.get(tp)
+            if known is not None and now - known[1] <= COMMITTED_KEPT_S:
+                committed[tp] = known[0]
+        return committed
 
     def _commit_ages(self, lag: Mapping[TP, int], committed: Mapping[TP, int]) -> dict[TP, float]:
         """How long each partition's committed offset has stood while it is behind: since the

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.kafka.lag import GroupLag, Reading, group_lag
+from bridge.kafka.lag import COMMITTED_KEPT_S, GroupLag, Reading, group_lag
 
 PARTITIONS = [("tx", 0), ("tx", 1), ("tx.retry.1", 0)]
 TX0 = ("tx", 0)
@@ -104,8 +104,24 @@ class FakeReader:
             found[topic] = SimpleNamespace(error=None, partitions=partitions)
         return SimpleNamespace(topics=found)
 
+    coordinator_down = False  # committed() raises, as librdkafka does when it times out
+    failing: frozenset[tuple[str, int]] = frozenset()  # partitions answered with an error
+
     def committed(self, asked: list[TopicPartition], timeout: float) -> list[TopicPartition]:
-        return [TopicPartition(p.topic, p.partition, self.committed_at) for p in asked]
+        if self.coordinator_down:
+            raise KafkaException("committed offsets: timed out")
+        answered = []
+        for p in asked:
+            found = TopicPartition(p.topic, p.partition, self.committed_at)
+            if (p.topic, p.partition) in self.failing:
+                found = SimpleNamespace(
+                    topic=p.topic,
+                    partition=p.partition,
+                    offset=-1001,
+                    error="COORDINATOR_NOT_AVAILABLE",
+                )
+            answered.append(found)
+        return answered
 
     def offsets_for_times(
         self, asked: list[TopicPartition], timeout: float
@@ -154,3 +170,38 @@ def test_commit_age_counts_while_the_committed_offset_stands_behind_the_end() ->
     assert reader.read().commit_age == {TX0: 0.0}
     now[0] = 4007.0
     assert reader.read().commit_age == {TX0: 5.0}
+
+
+def test_while_the_coordinator_is_down_the_offsets_last_read_stand_in_for_a_minute() -> None:
+    """Nobody can commit without the group's coordinator, so what was last read is the group's
+    offset: the lag keeps counting arrivals and the commit age keeps growing through the loss
+    (the cluster scenario lost every figure for 13 s when the coordinator was killed)."""
+    now = [100.0]
+    table = FakeReader({"tx": 2}, committed=7, end=10)
+    reader = faked(["tx"], table, clock=lambda: now[0])
+    assert reader.read().lag == {("tx", 0): 3, ("tx", 1): 3}
+    table.coordinator_down, table.end, now[0] = True, 15, 130.0
+    reading = reader.read()
+    assert reading.lag == {("tx", 0): 8, ("tx", 1): 8}, "the ends read now, the offsets last read"
+    assert reading.commit_age == {("tx", 0): 30.0, ("tx", 1): 30.0}
+    now[0] = 100.0 + COMMITTED_KEPT_S + 0.001  # never older than that: no figure rather than stale
+    with pytest.raises(KafkaException, match="committed offsets could not be read"):
+        reader.read()
+    table.coordinator_down = False  # back: read again, and kept from the new reading
+    assert reader.read().lag == {("tx", 0): 8, ("tx", 1): 8}
+
+
+def test_a_partition_whose_offset_errs_uses_its_last_one_and_the_others_are_read_now() -> None:
+    now = [0.0]
+    table = FakeReader({"tx": 2}, committed=7, end=10)
+    reader = faked(["tx"], table, clock=lambda: now[0])
+    reader.read()
+    table.committed_at, table.failing, now[0] = 9, frozenset({("tx", 1)}), 5.0
+    assert reader.read().lag == {("tx", 0): 1, ("tx", 1): 3}
+
+
+def test_offsets_never_read_give_no_figure() -> None:
+    table = FakeReader({"tx": 1}, committed=7, end=10)
+    table.coordinator_down = True
+    with pytest.raises(KafkaException, match="committed offsets could not be read"):
+        faked(["tx"], table).read()
