@@ -45,7 +45,8 @@ TP = tuple[str, int]
 INTERVAL_S = 5.0
 """How often the lag is read (librdkafka's statistics come as often)."""
 TIMEOUT_S = 4.0
-"""How long one request may take; a round that fails leaves no figure rather than a stale one."""
+"""How long one request may take; a round that fails leaves no figure rather than a stale one
+(a committed offset that cannot be read now excepted, within :data:`COMMITTED_KEPT_S`)."""
 COMMITTED_KEPT_S = 60.0
 """How long a partition's committed offset, once read, stands in while it cannot be read again."""
 READER_SETTINGS = {"enable.auto.commit": False, "enable.auto.offset.store": False}
