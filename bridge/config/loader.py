@@ -892,15 +892,26 @@ def _distinct_nodes(root: Node) -> Iterator[Node]:
                 pending.append(child)
 
 
-def _shape_problem(root: Node, extra: int = 0) -> tuple[Node, str] | None:
+_RECURSIVE: Final = "recursive alias: a node anchored here contains an alias to itself"
+
+
+def _shape_problem(
+    root: Node, extra: int = 0, distinct: int | None = None
+) -> tuple[Node, str] | None:
     """Why the composed document is refused before any value is built, or None.
 
     Walks the node graph once (iteratively; aliases share nodes) to find recursive aliases, the
-    nesting depth and the size the document would have once every alias is expanded. A scalar
-    (most of the nodes) is settled where it is met, never stacked: it holds no alias, and its
-    size and depth are 1. ``extra`` nodes of the document were not composed (a tree, with no
-    alias: they count once in its size and in its distinct nodes).
+    nesting depth and the size the document would have once every alias is expanded. ``extra``
+    nodes of the document were not composed (a tree, with no alias: they count once in its size
+    and in its distinct nodes). ``distinct``: how many nodes the composer made (the graph's
+    distinct nodes), when it counted them; then scalars (most of the nodes) are not remembered
+    one by one (:func:`_collections_walk`).
     """
+    if distinct is not None and type(root) is not ScalarNode:
+        walked = _collections_walk(root)
+        if walked is not None:
+            problem, total, deepest = walked
+            return problem or _expansion_problem(root, total + extra, deepest, distinct + extra)
     scalars: set[int] = set()
     figures: dict[int, tuple[int, int]] = {}  # each collection's expanded size and depth
     active = {id(root)}
@@ -917,7 +928,7 @@ def _shape_problem(root: Node, extra: int = 0) -> tuple[Node, str] | None:
             child = pending.pop()
             key = id(child)
             if key in active:
-                return child, "recursive alias: a node anchored here contains an alias to itself"
+                return child, _RECURSIVE
             if key in scalars or key in figures:
                 continue
             if len(stack) >= MAX_NESTING:
@@ -943,9 +954,66 @@ def _shape_problem(root: Node, extra: int = 0) -> tuple[Node, str] | None:
                     size += known[0]
                     depth = max(depth, known[1])
             figures[key] = (size, depth + 1)
-    distinct = len(scalars) + len(figures) + extra
     total, deepest = figures.get(id(root), (1, 1))
-    total += extra
+    return _expansion_problem(root, total + extra, deepest, len(scalars) + len(figures) + extra)
+
+
+def _collections_walk(root: Node) -> tuple[tuple[Node, str] | None, int, int] | None:
+    """``(None, size, depth)``: the expanded size and depth of the collection ``root``, or
+    ``((node, reason), 0, 0)``: a recursive alias or nesting too deep found at ``node``; visiting
+    each distinct collection once and taking each scalar as met (size 1, depth 1) without
+    remembering it. None when the walk cannot tell without knowing which scalars it met
+    before: a scalar as deep as :data:`MAX_NESTING` (the first meeting of one there is a
+    problem, a later one through an alias is not; :func:`_shape_problem` walks again, scalars
+    remembered). The same verdicts, in the same order, as that walk."""
+    figures: dict[int, tuple[int, int]] = {}  # each collection's expanded size and depth
+    active = {id(root)}
+    # Each frame: the collection, its children not yet visited, and its size and its deepest
+    # child's depth so far.
+    frame: list[Any] = [root, iter(_children(root)), 1, 0]
+    stack = [frame]
+    limit = MAX_NESTING
+    while True:
+        size, deepest = frame[2], frame[3]
+        for child in frame[1]:
+            if type(child) is ScalarNode:
+                if len(stack) >= limit:
+                    return None
+                size += 1
+                deepest = deepest or 1
+                continue
+            key = id(child)
+            known = figures.get(key)
+            if known is not None:
+                size += known[0]
+                deepest = max(deepest, known[1])
+                continue
+            if key in active:
+                return (child, _RECURSIVE), 0, 0
+            if len(stack) >= limit:
+                return (child, f"nested more than {limit} levels deep"), 0, 0
+            frame[2], frame[3] = size, deepest
+            active.add(key)
+            frame = [child, iter(_children(child)), 1, 0]
+            stack.append(frame)
+            break
+        else:
+            stack.pop()
+            key = id(frame[0])
+            active.discard(key)
+            figures[key] = (size, deepest + 1)
+            if not stack:
+                return None, size, deepest + 1
+            frame = stack[-1]
+            frame[2] += size
+            frame[3] = max(frame[3], deepest + 1)
+
+
+def _expansion_problem(
+    root: Node, total: int, deepest: int, distinct: int
+) -> tuple[Node, str] | None:
+    """The verdict on a document of ``distinct`` nodes whose size is ``total`` and depth
+    ``deepest`` once every alias is expanded."""
     if deepest > MAX_NESTING:
         return root, f"nested more than {MAX_NESTING} levels deep (through aliases)"
     added = total - distinct
@@ -1006,12 +1074,14 @@ if yaml.__with_libyaml__:
         the process rather than raise): it declines at :data:`_FAST_MAX_LEVEL`.
 
         libyaml calls :meth:`descend_resolver` and :meth:`ascend_resolver` around every node but
-        aliases; the loader has no path resolvers, so they only count the levels here.
+        aliases; the loader has no path resolvers, so they only count the levels here, and the
+        nodes made (:attr:`nodes`: the graph's distinct nodes).
         """
 
         def __init__(self, stream: str) -> None:
             super().__init__(stream)
             self._level = 0
+            self.nodes = 0
             self._plain_tags: dict[str, str] = {}
             if self.yaml_path_resolvers:  # never set for this class; keep the general code exact
                 raise _Declined
@@ -1020,6 +1090,7 @@ if yaml.__with_libyaml__:
             if self._level >= _FAST_MAX_LEVEL - 1:
                 raise _Declined
             self._level += 1
+            self.nodes += 1
 
         def ascend_resolver(self) -> None:
             self._level -= 1
@@ -1054,7 +1125,7 @@ if yaml.__with_libyaml__:
         if None in _FastYamlLoader.yaml_implicit_resolvers
         else frozenset(char for char in _FastYamlLoader.yaml_implicit_resolvers if char)
     )
-    FAST_YAML_LOADER: type[yaml.CSafeLoader] | None = _FastYamlLoader
+    FAST_YAML_LOADER: type[_FastYamlLoader] | None = _FastYamlLoader
 else:  # PyYAML built without libyaml
     FAST_YAML_LOADER = None
 """The loader tried first (libyaml), or None: compose with the pure-Python loader alone. Whatever
@@ -1135,12 +1206,13 @@ def _libyaml_may_differ(text: str) -> bool:
     )
 
 
-def _compose_fast(text: str) -> tuple[bool, Node | None]:
-    """``(True, root)`` when libyaml composed the document, ``(False, None)`` when the pure
-    loader must: no libyaml, no line break at the end (there libyaml moves to a new line, so a
-    value left empty at the end, as in ``? a``, would have its line one further), something
-    libyaml may read otherwise (:func:`_libyaml_may_differ`), a character the pure reader
-    refuses, or any libyaml failure."""
+def _compose_fast(text: str) -> tuple[bool, Node | None, int]:
+    """``(True, root, nodes)`` when libyaml composed the document (``nodes``: how many distinct
+    nodes it made), ``(False, None, 0)`` when the pure loader must: no libyaml, no line break at
+    the end (there libyaml moves to a new line, so a value left empty at the end, as in ``? a``,
+    would have its line one further), something libyaml may read otherwise
+    (:func:`_libyaml_may_differ`), a character the pure reader refuses, or any libyaml
+    failure."""
     loader_class = FAST_YAML_LOADER
     if (
         loader_class is None
@@ -1148,15 +1220,15 @@ def _compose_fast(text: str) -> tuple[bool, Node | None]:
         or _libyaml_may_differ(text)
         or _NON_PRINTABLE.search(text)
     ):
-        return False, None
+        return False, None, 0
     try:
         loader = loader_class(text)
         try:
-            return True, loader.get_single_node()
+            return True, loader.get_single_node(), loader.nodes
         finally:
             loader.dispose()
     except Exception:  # its own words and marks differ: the pure loader says what is wrong
-        return False, None
+        return False, None, 0
 
 
 def _decode(data: bytes) -> str:
@@ -1521,7 +1593,7 @@ class _Loader:
         parts.append(text[shape.end :])
         blanked = "".join(parts)
         try:
-            fast, root = _compose_fast(blanked)
+            fast, root, nodes = _compose_fast(blanked)
             if not fast:
                 root = yaml.compose(blanked, Loader=_YamlLoader)
         except Exception:  # said as it should be by the full compose
@@ -1531,7 +1603,7 @@ class _Loader:
             return None
         if _may_start_token(blanked, "&"):
             extra = sum(piece.noted[5] for piece in pieces.values())
-            if _shape_problem(root, extra) is not None:
+            if _shape_problem(root, extra, nodes if fast else None) is not None:
                 return None
         self.remember_document_secrets(root)
         for piece in pieces.values():
@@ -1567,7 +1639,7 @@ class _Loader:
     def compose_text(self, text: str) -> Node | None:
         """The YAML node graph of ``text``, checked (aliases, nesting), its secrets remembered;
         or None and a problem."""
-        composed, root = _compose_fast(text)
+        composed, root, nodes = _compose_fast(text)
         try:
             if not composed:
                 root = yaml.compose(text, Loader=_YamlLoader)
@@ -1595,7 +1667,8 @@ class _Loader:
         # A tree (no anchor, so no alias) has no recursion and adds no nodes, and the composer
         # already refused nesting deeper than MAX_NESTING: only a graph with aliases is walked
         # (an anchor's '&' starts a token; '&' in 'a=1&b=2' does not).
-        shape = _shape_problem(root) if _may_start_token(text, "&") else None
+        counted = nodes if composed else None
+        shape = _shape_problem(root, 0, counted) if _may_start_token(text, "&") else None
         if shape is not None:
             node, message = shape
             self.problem(node, "invalid YAML", message)

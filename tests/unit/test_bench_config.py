@@ -70,7 +70,7 @@ def test_no_webhooks_and_the_same_text_each_time(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(loader.FAST_YAML_LOADER is None, reason="PyYAML built without libyaml")
 def test_generated_files_take_the_libyaml_path() -> None:
-    composed, root = loader._compose_fast(config_text(50))
+    composed, root, _ = loader._compose_fast(config_text(50))
 
     assert composed
     assert root is not None

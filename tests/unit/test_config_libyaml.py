@@ -65,4 +65,4 @@ def test_a_question_mark_in_a_flow_collection_is_read_by_the_pure_loader(text: s
     check_libyaml_composes_as_pure(text)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loader, "FAST_YAML_LOADER", LIBYAML)
-        assert loader._compose_fast(text) == (False, None)
+        assert loader._compose_fast(text) == (False, None, 0)
