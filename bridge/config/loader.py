@@ -227,7 +227,7 @@ def load_config(
     """
     file = Path(path)
     try:
-        with _collector_paused():
+        with collector_paused():
             load = _load_directory if file.is_dir() else _load
             if reuse is not None and reuse.texts:
                 try:
@@ -339,14 +339,15 @@ _collector_was_enabled = False
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a file loads (threads loading at once share the
     pause; the last one out restores the collector as it found it).
 
     A load allocates hundreds of thousands of objects that all stay alive until it ends (the YAML
     node graph), and each allocation burst made the collector walk them all again: at 10,000
     webhooks that was more than half of the load. A load leaves almost no cycles behind (a
-    recursive alias's nodes), collected after it.
+    recursive alias's nodes), collected after it. (Also for what a command builds at once from
+    the configuration it loaded: each collection would walk the whole configuration again.)
     """
     global _collector_pausers, _collector_was_enabled
     with _collector_lock:
