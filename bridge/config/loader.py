@@ -1243,6 +1243,10 @@ def _decode(data: bytes) -> str:
         raise _Invalid(f"the file is not {encoding} text{line}") from None
 
 
+_WINDOWS: Final = tuple(slice(at, at + _SCRUB_MIN_LENGTH) for at in range(_FOUND_STRIDE))
+"""The windows of a secret that :class:`_Secrets` samples (the first ``stride`` of them)."""
+
+
 class _Secrets:
     """The secret values met while loading, to keep them out of every message and every field
     that is not a secret.
@@ -1292,10 +1296,7 @@ class _Secrets:
             self._sample(secret)
 
     def _sample(self, secret: str) -> None:
-        width = _SCRUB_MIN_LENGTH
-        self._sampled.update(
-            dict.fromkeys(secret[offset : offset + width] for offset in range(self._stride))
-        )
+        self._sampled.update(dict.fromkeys(map(secret.__getitem__, _WINDOWS[: self._stride])))
 
     def __contains__(self, secret: str) -> bool:
         """Whether ``secret`` is looked for (one of at least :data:`_SCRUB_MIN_LENGTH`
@@ -1405,11 +1406,16 @@ class _Loader:
             node = pending.pop()
             if isinstance(node, MappingNode):
                 for key_node, value_node in node.value:
-                    for child in (key_node, value_node):
-                        if not isinstance(child, ScalarNode) and id(child) not in seen:
-                            seen.add(id(child))
-                            pending.append(child)
-                    if not isinstance(key_node, ScalarNode):
+                    # (type() first: nearly every key and most values are plain scalars)
+                    keyed = type(key_node) is ScalarNode or isinstance(key_node, ScalarNode)
+                    scalar = type(value_node) is ScalarNode or isinstance(value_node, ScalarNode)
+                    if not keyed and id(key_node) not in seen:
+                        seen.add(id(key_node))
+                        pending.append(key_node)
+                    if not scalar and id(value_node) not in seen:
+                        seen.add(id(value_node))
+                        pending.append(value_node)
+                    if not keyed:
                         continue
                     key = str(key_node.value)
                     secret = verdicts.get(key)
@@ -1417,7 +1423,7 @@ class _Loader:
                         secret = verdicts[key] = _is_secret_key(key)
                     if not secret:
                         continue
-                    if isinstance(value_node, ScalarNode):
+                    if scalar:
                         self.remember_secret(str(value_node.value))
                         continue
                     subtree = list(_distinct_nodes(value_node))
