@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import _table, build_parser, main, parse_time
+from tests.ports import refused_port
 
 
 def test_parse_time_accepts_ages_and_iso_times() -> None:
@@ -161,12 +162,8 @@ def test_status_prints_the_running_bridges_view_as_a_table_or_json(
 def test_status_of_a_bridge_that_does_not_answer_exits_1_with_a_hint(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens there once closed
-    assert main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "2"]) == 1
+    with refused_port() as port:
+        assert main(["status", "--url", f"http://127.0.0.1:{port}", "--timeout", "2"]) == 1
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port}/status" in err and "hint:" in err and "Traceback" not in err
     assert main(["status", "--url", "file:///etc/passwd"]) == 1

@@ -26,6 +26,7 @@ from bridge.http.client import (
 from bridge.http.resolver import SafeResolver
 from bridge.http.sender import HttpSender
 from tests.cycles import bridge_cycles
+from tests.ports import refused_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "webhook-id": "msg_1"}
@@ -332,11 +333,7 @@ def test_answers_that_are_not_http_are_invalid_responses(answer: bytes, detail: 
 
 
 def test_refused_connections_are_connection_errors() -> None:
-    async def scenario() -> None:
-        listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-        port = listener.sockets[0].getsockname()[1]
-        listener.close()
-        await listener.wait_closed()
+    async def scenario(port: int) -> None:
         http = client()
         with pytest.raises(HttpError) as caught:
             await http.post(f"http://127.0.0.1:{port}/", HEADERS, b"{}", 5)
@@ -344,7 +341,8 @@ def test_refused_connections_are_connection_errors() -> None:
         assert caught.value.kind == "connection_error"
         assert "127.0.0.1: " in caught.value.detail
 
-    asyncio.run(scenario())
+    with refused_port() as port:
+        asyncio.run(scenario(port))
 
 
 def test_tls_is_verified_against_the_host_name() -> None:
@@ -665,10 +663,7 @@ def test_an_exchange_leaves_nothing_for_the_cyclic_collector(kind: str, event_lo
     async def scenario() -> None:
         async def test(url: str) -> None:
             if kind == "refused":
-                listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-                url = f"http://localhost:{listener.sockets[0].getsockname()[1]}/hook"
-                listener.close()
-                await listener.wait_closed()
+                url = f"http://127.0.0.1:{refused}/hook"
             if kind == "not_tls":
                 url = url.replace("http:", "https:")
             http = client()  # the system's roots: the test authority is not trusted
@@ -702,7 +697,8 @@ def test_an_exchange_leaves_nothing_for_the_cyclic_collector(kind: str, event_lo
 
     import uvloop
 
-    (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
+    with refused_port() as refused:
+        (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
 
 
 def test_a_connection_lost_before_it_was_made_ends_quietly() -> None:

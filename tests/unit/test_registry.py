@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +15,7 @@ from bridge.codec.decoding import Decoder
 from bridge.codec.encoding import encode_confluent
 from bridge.codec.registry import RegistryRefusedError, SchemaRegistryClient
 from bridge.core.errors import DecodeError, RegistryUnavailableError
+from tests.ports import refused_port
 
 BASE_PATH = "/apis/ccompat/v7"
 SLOW_ID = 777
@@ -124,14 +124,6 @@ def client(registry_server: FakeRegistry) -> Iterator[SchemaRegistryClient]:
         yield registry_client
 
 
-def unused_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def test_fetch_reads_the_schema_once_then_serves_it_from_cache(
     registry_server: FakeRegistry, client: SchemaRegistryClient, reader_schema: Any
 ) -> None:
@@ -175,9 +167,10 @@ def test_server_error_is_retriable_and_the_next_fetch_succeeds(
 
 
 def test_connection_refused_is_retriable() -> None:
-    client = SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}")
-    with client, pytest.raises(RegistryUnavailableError) as caught:
-        client.fetch(1)
+    with refused_port() as port:
+        client = SchemaRegistryClient(f"http://127.0.0.1:{port}")
+        with client, pytest.raises(RegistryUnavailableError) as caught:
+            client.fetch(1)
     assert "unreachable" in str(caught.value)
 
 
@@ -255,18 +248,18 @@ def test_decoder_fetches_through_the_registry_once(
 def test_decoder_keeps_good_records_when_the_registry_is_down(
     reader_schema: Any, make_record: Callable[..., dict[str, Any]]
 ) -> None:
-    with SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}") as down:
+    with refused_port() as port, SchemaRegistryClient(f"http://127.0.0.1:{port}") as down:
         decoder = Decoder(reader_schema, registry=down)
         with pytest.raises(RegistryUnavailableError):
             decoder.decode(encode_confluent(1, reader_schema, make_record()))
 
 
 def test_registry_errors_never_carry_credentials_or_the_query_string() -> None:
-    port = unused_port()
-    url = f"http://alice:url-pass-1@127.0.0.1:{port}/ccompat?apikey=query-token-2"
-    client = SchemaRegistryClient(url, timeout=1.0, auth=("bob", "auth-pass-3"))
-    with pytest.raises(RegistryUnavailableError) as caught:
-        client.fetch(7)
+    with refused_port() as port:
+        url = f"http://alice:url-pass-1@127.0.0.1:{port}/ccompat?apikey=query-token-2"
+        client = SchemaRegistryClient(url, timeout=1.0, auth=("bob", "auth-pass-3"))
+        with pytest.raises(RegistryUnavailableError) as caught:
+            client.fetch(7)
     text = str(caught.value)
     assert f"schema registry at http://127.0.0.1:{port}/ccompat unreachable" in text
     for secret in ("alice", "url-pass-1", "query-token-2", "auth-pass-3"):
@@ -297,6 +290,7 @@ def test_probe_tells_refused_credentials_from_an_unavailable_registry(
     failing = SchemaRegistryClient(registry_server.url)
     with failing, pytest.raises(RegistryUnavailableError, match="HTTP 503 to GET /subjects"):
         failing.probe()
-    nobody = SchemaRegistryClient(f"http://127.0.0.1:{unused_port()}", timeout=1.0)
-    with nobody, pytest.raises(RegistryUnavailableError, match="unreachable"):
-        nobody.probe()
+    with refused_port() as port:
+        nobody = SchemaRegistryClient(f"http://127.0.0.1:{port}", timeout=1.0)
+        with nobody, pytest.raises(RegistryUnavailableError, match="unreachable"):
+            nobody.probe()
