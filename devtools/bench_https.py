@@ -32,18 +32,20 @@ from typing import Any
 
 from bridge.core.mapping import to_notification
 from devtools.bench import (
-    BENCH_BROKER_HEAP,
     CONCURRENCY,
     REPO,
     Stage,
     _median_of,
     _say,
     _wait,
+    bench_broker,
+    broker_state,
     peak_rss_mb,
     process_cpu_seconds,
     render,
+    stop_bench_broker,
 )
-from devtools.devkafka import CACHE, Broker, free_port
+from devtools.devkafka import CACHE, free_port
 from devtools.samples import make_record
 
 CHURN_RSS_TARGET_MB = 150.0
@@ -541,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = CACHE / "bench-https"
     workdir.mkdir(parents=True, exist_ok=True)
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    broker = None if external else Broker(CACHE / "bench-https-broker", heap=BENCH_BROKER_HEAP)
+    broker = None if external else bench_broker("bench-https-broker")
     bootstrap = external or broker.start()  # type: ignore[union-attr]
     stage = Stage(bootstrap, workdir)
     try:
@@ -552,11 +554,14 @@ def main(argv: list[str] | None = None) -> int:
             results = {"https_churn": scenario_https_churn(receiver, sizes.churn_records)}
         else:
             results = run_https(stage, sizes)
-        results["broker"] = {"first_group_join_s": first_join}
+        results["broker"] = {
+            "first_group_join_s": first_join,
+            "state": "external" if broker is None else broker_state(broker),
+        }
     finally:
         stage.stop_receiver()
         if broker is not None:
-            broker.stop()
+            stop_bench_broker(broker)
     results["targets"] = {}
     for name, check in HTTPS_TARGETS.items():
         try:

@@ -43,15 +43,16 @@ import yaml
 
 from bridge.core.signing import message_id
 from devtools.bench import (
-    BENCH_BROKER_HEAP,
     SUCCESS,
     WARMUP_S,
     Stage,
     _wait,
     _wait_assigned,
+    bench_broker,
+    stop_bench_broker,
     summary_ms,
 )
-from devtools.devkafka import CACHE, Broker, stop_process
+from devtools.devkafka import CACHE, stop_process
 
 WEBHOOKS = 10_000
 RATE = 200.0
@@ -429,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = CACHE / "bench-metrics"
     workdir.mkdir(parents=True, exist_ok=True)
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    broker = None if external else Broker(CACHE / "bench-metrics-broker", heap=BENCH_BROKER_HEAP)
+    broker = None if external else bench_broker("bench-metrics-broker")
     stage = Stage(external or broker.start(), workdir)  # type: ignore[union-attr]
     try:
         stage.start_receiver(fail_first=0)
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stage.stop_receiver()
         if broker is not None:
-            broker.stop()
+            stop_bench_broker(broker)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devtools import bench
 from devtools.bench import (
     NEIGHBOUR_KEYS,
     QUICK,
@@ -355,3 +358,25 @@ def test_peer_backlogs_fail_one_record_in_ten_and_count_the_healthy_ones() -> No
     log = [(10.0, "/ok/x", "m1", 200), (12.5, "/fail/x", "m2", 500), (11.0, "/ok/x", "m3", 200)]
     assert _healthy_done(log, started=9.0) == (2, 2.0)
     assert _healthy_done([], started=9.0) == (0, 0.0)
+
+
+def test_the_benchmarks_broker_keeps_its_state_in_memory_when_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    monkeypatch.setattr(bench, "SHARED_MEMORY", memory)
+    broker = bench.bench_broker("bench-broker")
+    assert broker.home == memory / "bridge-bench-broker"
+    assert bench.broker_state(broker) == "memory"
+    (broker.home / "data").mkdir(parents=True)
+    monkeypatch.setattr(type(broker), "stop", lambda self: None)  # (never started)
+    bench.stop_bench_broker(broker)
+    assert not broker.home.exists(), "a broker kept in memory gives the memory back"
+    monkeypatch.setattr(bench, "BROKER_MEMORY_BYTES", shutil.disk_usage(memory).free + (1 << 40))
+    on_disk = bench.bench_broker("bench-broker")
+    assert on_disk.home == bench.CACHE / "bench-broker"
+    assert bench.broker_state(on_disk) == "disk"
+    monkeypatch.setattr(bench, "BROKER_MEMORY_BYTES", 0)
+    monkeypatch.setattr(bench, "SHARED_MEMORY", tmp_path / "missing")  # (no /dev/shm at all)
+    assert bench.broker_state(bench.bench_broker("bench-broker")) == "disk"
