@@ -481,7 +481,9 @@ def _is_secret_key(key: str) -> bool:
 _secret_key: Final = functools.lru_cache(maxsize=1024)(_is_secret_key)
 
 
-_AUTHORITY = re.compile(r"://([^/?#\s'\"]*)")
+# A scheme's colon, its slashes (one or more: a path field shows the URL as a Path, which
+# writes "https://" as "https:/"), then the authority.
+_AUTHORITY = re.compile(r"(:/+)([^/?#\s'\"]*)")
 
 
 def _mask_userinfo(text: str) -> str:
@@ -489,13 +491,13 @@ def _mask_userinfo(text: str) -> str:
     written into the wrong field is echoed by its message; its password must not be)."""
 
     def mask(match: re.Match[str]) -> str:
-        authority = match.group(1)
+        authority = match.group(2)
         marks = [
             at for at, char in enumerate(authority) if "@" in unicodedata.normalize("NFKC", char)
         ]
-        return f"://***{authority[marks[-1] :]}" if marks else match.group(0)
+        return f"{match.group(1)}***{authority[marks[-1] :]}" if marks else match.group(0)
 
-    return _AUTHORITY.sub(mask, text) if "://" in text else text
+    return _AUTHORITY.sub(mask, text) if ":/" in text else text
 
 
 def _printable(text: str) -> str:

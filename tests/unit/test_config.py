@@ -907,6 +907,38 @@ def test_userinfo_is_refused_without_being_echoed(tmp_path: Path, url: str) -> N
     assert "alice" not in problem
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://alice:{PLANTED}@shop.example/hook",
+        f"https://{PLANTED}@shop.example",
+        f"https:///alice:{PLANTED}@shop.example//x",
+        f"https://alice:{PLANTED}\uff20shop.example/",
+    ],
+)
+def test_a_url_in_a_path_field_is_shown_without_its_userinfo(tmp_path: Path, url: str) -> None:
+    """A path field shows its value as a Path, which writes "https://" as "https:/": the
+    message still names the path, with the userinfo masked."""
+    text = f"schemas: {{directory: '{url}'}}\nwebhooks: []\n"
+    problem = only_problem(write(tmp_path, text))
+    assert problem.startswith("field 'schemas.directory': 'https:/***")
+    assert "alice" not in problem
+    text = f"delivery: {{tls_ca_file: '{url}'}}\nwebhooks: []\n"
+    assert "alice" not in only_problem(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("slashes", ["/", "//", "///"])
+@pytest.mark.parametrize("user", ["", "alice:", ":", "a%40b:"])
+@pytest.mark.parametrize("at", ["@", "\uff20", "\ufe6b"])
+def test_userinfo_is_masked_after_any_number_of_slashes(slashes: str, user: str, at: str) -> None:
+    for scheme in ("https", "http", "ftp", "x-y.z+1"):
+        text = f"see '{scheme}:{slashes}{user}{PLANTED}{at}host.example/p@q', then more"
+        masked = loader._mask_userinfo(text)
+        assert PLANTED not in masked and "alice" not in masked
+        assert masked.startswith(f"see '{scheme}:{slashes}***")
+        assert masked.endswith("host.example/p@q', then more")
+
+
 def test_literal_ip_destinations_are_checked_after_parsing(tmp_path: Path) -> None:
     for url, refused in (
         ("http://169.254.169.254/latest", "is a cloud metadata address"),
