@@ -424,11 +424,12 @@ _FOUND_STRIDE: Final = 8
 """At most one position in this many of a text is looked up by :meth:`_Secrets.found_in`
 (fewer when a secret is shorter than :data:`_SCRUB_MIN_LENGTH` plus this, less one)."""
 _WEBHOOK_USERINFO: Final = (
-    "must not contain userinfo (user:password@): credentials in a URL leak into logs and are "
-    "not sent; authenticate the request by its signature"
+    "must not contain userinfo (user:password before the host): credentials in a URL leak "
+    "into logs and are not sent; authenticate the request by its signature"
 )
 _REGISTRY_USERINFO: Final = (
-    "must not contain userinfo (user:password@): credentials in a URL leak into logs; set "
+    "must not contain userinfo (user:password before the host): credentials in a URL leak "
+    "into logs; set "
     'schemas.registry_username and schemas.registry_password (inline, "${ENV_VAR}") or '
     "schemas.registry_password_file instead"
 )
@@ -484,20 +485,36 @@ _secret_key: Final = functools.lru_cache(maxsize=1024)(_is_secret_key)
 # A scheme's colon, its slashes (one or more: a path field shows the URL as a Path, which
 # writes "https://" as "https:/"), then the authority.
 _AUTHORITY = re.compile(r"(:/+)([^/?#\s'\"]*)")
+_AT_SIGNS: Final = re.compile("[@\ufe6b\uff20]")  # every character NFKC makes "@"
+_BEFORE_AT: Final = re.compile("[^\\s'\"/?#\\[\\],*]+(?=[@\ufe6b\uff20])")
 
 
 def _mask_userinfo(text: str) -> str:
     """``text`` with the userinfo of anything that looks like a URL replaced by ``***`` (a URL
-    written into the wrong field is echoed by its message; its password must not be)."""
+    written into the wrong field is echoed by its message; its password must not be), also
+    when the URL is mistyped: whatever stands before an @, and an authority's colon followed
+    by anything but a port. (Over-masking costs a message some detail; under-masking a
+    password.)"""
 
     def mask(match: re.Match[str]) -> str:
         authority = match.group(2)
         marks = [
             at for at, char in enumerate(authority) if "@" in unicodedata.normalize("NFKC", char)
         ]
-        return f"{match.group(1)}***{authority[marks[-1] :]}" if marks else match.group(0)
+        if marks:
+            return f"{match.group(1)}***{authority[marks[-1] :]}"
+        # No @, but a colon not followed by a port: a userinfo whose @ was lost (a typo, or
+        # the authority cut at a space or a quote) is masked whole.
+        _, colon, after = authority.partition(":")
+        if colon and after and not authority.startswith("[") and not after.isdigit():
+            return f"{match.group(1)}***"
+        return match.group(0)
 
-    return _AUTHORITY.sub(mask, text) if ":/" in text else text
+    if ":/" in text:
+        text = _AUTHORITY.sub(mask, text)
+    # Whatever stands right before an @ (or a character NFKC makes one), URL or not: a URL whose
+    # scheme was mistyped ("https //user:password@host") still ends its userinfo with one.
+    return _BEFORE_AT.sub("***", text) if _AT_SIGNS.search(text) else text
 
 
 def _printable(text: str) -> str:

@@ -97,8 +97,8 @@ def parse_webhook_url(url: str) -> WebhookUrl:
         raise UrlError(f"contains {_describe(forbidden.group())} at position {forbidden.start()}")
     if _has_userinfo(url):
         raise UrlError(
-            "must not contain userinfo (user:password@): credentials in a URL leak into logs "
-            "and are not sent; authenticate the request by its signature",
+            "must not contain userinfo (user:password before the host): credentials in a URL "
+            "leak into logs and are not sent; authenticate the request by its signature",
             reason="userinfo",
         )
     try:

@@ -898,7 +898,9 @@ def test_valid_webhook_urls(tmp_path: Path, url: str) -> None:
 )
 def test_userinfo_is_refused_without_being_echoed(tmp_path: Path, url: str) -> None:
     problem = only_problem(write(tmp_path, webhook_yaml(url=f"'{url}'")))
-    assert problem.startswith(f"{SHOP} 'url': must not contain userinfo (user:password@)")
+    assert problem.startswith(
+        f"{SHOP} 'url': must not contain userinfo (user:password before the host)"
+    )
     assert "alice" not in problem
     text = f"schemas: {{mode: registry, registry_url: '{url}'}}\nwebhooks: []\n"
     problem = only_problem(write(tmp_path, text))
@@ -936,7 +938,29 @@ def test_userinfo_is_masked_after_any_number_of_slashes(slashes: str, user: str,
         masked = loader._mask_userinfo(text)
         assert PLANTED not in masked and "alice" not in masked
         assert masked.startswith(f"see '{scheme}:{slashes}***")
-        assert masked.endswith("host.example/p@q', then more")
+        assert masked.endswith("host.example/***@q', then more")  # (any text before an @)
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["https //alice:{p}@h/", "https;//alice:{p}@h/", "alice:{p}@h", "{p}\ufe6bh", "x=({p}@h)"],
+)
+def test_whatever_stands_before_an_at_sign_is_masked(written: str) -> None:
+    """A URL whose scheme was mistyped still ends its userinfo with an @ (or a character NFKC
+    makes one): the text before it is masked, URL or not."""
+    masked = loader._mask_userinfo(f"key '{written.format(p=PLANTED)}' is unknown")
+    assert PLANTED not in masked and "alice" not in masked and "***" in masked
+    assert masked.startswith("key '") and masked.endswith("' is unknown")
+
+
+@pytest.mark.parametrize("end", [" host.example/", "' and more", "", "\tx"])
+def test_a_userinfo_that_lost_its_at_sign_is_masked(end: str) -> None:
+    """Without an @ the colon is taken for a port only when digits follow it: a userinfo whose
+    @ was mistyped (or cut away with the rest of a message) is masked whole."""
+    masked = loader._mask_userinfo(f"field 'https://alice:{PLANTED}{end}")
+    assert masked == f"field 'https://***{end}"
+    for shown in ("https://x.example:8443/a", "https://[::1]:80/", "https://x.example:/"):
+        assert loader._mask_userinfo(f"'{shown}'") == f"'{shown}'"
 
 
 def test_literal_ip_destinations_are_checked_after_parsing(tmp_path: Path) -> None:
