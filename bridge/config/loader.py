@@ -52,7 +52,6 @@ import math
 import os
 import re
 import threading
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -482,39 +481,38 @@ def _is_secret_key(key: str) -> bool:
 _secret_key: Final = functools.lru_cache(maxsize=1024)(_is_secret_key)
 
 
+_AT_SIGNS: Final = "@\ufe6b\uff20"  # every character NFKC makes "@" (a test checks)
+_URL_CHAR: Final = "[^/?#\\s'\"]"  # in an authority (and a userinfo): up to / ? # or a break
 # A scheme's colon, its slashes (one or more: a path field shows the URL as a Path, which
 # writes "https://" as "https:/"), then the authority.
-_AUTHORITY = re.compile(r"(:/+)([^/?#\s'\"]*)")
-_AT_SIGNS: Final = re.compile("[@\ufe6b\uff20]")  # every character NFKC makes "@"
-_BEFORE_AT: Final = re.compile("[^\\s'\"/?#\\[\\],*]+(?=[@\ufe6b\uff20])")
+_AUTHORITY: Final = re.compile(f"(:/+)({_URL_CHAR}*)")
+_BEFORE_AT: Final = re.compile(f"{_URL_CHAR}+(?=[{_AT_SIGNS}])")
 
 
 def _mask_userinfo(text: str) -> str:
     """``text`` with the userinfo of anything that looks like a URL replaced by ``***`` (a URL
     written into the wrong field is echoed by its message; its password must not be), also
-    when the URL is mistyped: whatever stands before an @, and an authority's colon followed
-    by anything but a port. (Over-masking costs a message some detail; under-masking a
-    password.)"""
+    when the URL is mistyped: whatever stands before an @ (URL or not: "https //user:pw@host"
+    still ends its userinfo with one), and an authority without an @ whose colon is followed
+    by anything but a port (an @ lost). (Over-masking costs a message some detail;
+    under-masking a password.)"""
 
     def mask(match: re.Match[str]) -> str:
         authority = match.group(2)
-        marks = [
-            at for at, char in enumerate(authority) if "@" in unicodedata.normalize("NFKC", char)
-        ]
-        if marks:
-            return f"{match.group(1)}***{authority[marks[-1] :]}"
-        # No @, but a colon not followed by a port: a userinfo whose @ was lost (a typo, or
-        # the authority cut at a space or a quote) is masked whole.
         _, colon, after = authority.partition(":")
-        if colon and after and not authority.startswith("[") and not after.isdigit():
+        if (
+            colon
+            and after
+            and not after.isdigit()
+            and not authority.startswith("[")
+            and not any(at in authority for at in _AT_SIGNS)
+        ):
             return f"{match.group(1)}***"
         return match.group(0)
 
-    if ":/" in text:
-        text = _AUTHORITY.sub(mask, text)
-    # Whatever stands right before an @ (or a character NFKC makes one), URL or not: a URL whose
-    # scheme was mistyped ("https //user:password@host") still ends its userinfo with one.
-    return _BEFORE_AT.sub("***", text) if _AT_SIGNS.search(text) else text
+    if any(at in text for at in _AT_SIGNS):
+        text = _BEFORE_AT.sub("***", text)
+    return _AUTHORITY.sub(mask, text) if ":/" in text else text
 
 
 def _printable(text: str) -> str:

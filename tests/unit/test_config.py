@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -951,6 +952,11 @@ def test_whatever_stands_before_an_at_sign_is_masked(written: str) -> None:
     masked = loader._mask_userinfo(f"key '{written.format(p=PLANTED)}' is unknown")
     assert PLANTED not in masked and "alice" not in masked and "***" in masked
     assert masked.startswith("key '") and masked.endswith("' is unknown")
+
+
+def test_the_at_signs_masked_are_every_character_nfkc_makes_one() -> None:
+    nfkc_at = {c for c in map(chr, range(0x110000)) if "@" in unicodedata.normalize("NFKC", c)}
+    assert nfkc_at == set(loader._AT_SIGNS)
 
 
 @pytest.mark.parametrize("end", [" host.example/", "' and more", "", "\tx"])
