@@ -419,9 +419,14 @@ _TAG_KINDS: Final = {
     "null": "null",
 }
 _SCRUB_MIN_LENGTH: Final = 8  # shorter secrets are not masked in messages (too many false hits)
-_FOUND_STRIDE: Final = 8
-"""At most one position in this many of a text is looked up by :meth:`_Secrets.found_in`
-(fewer when a secret is shorter than :data:`_SCRUB_MIN_LENGTH` plus this, less one)."""
+_FOUND_STRIDE: Final = 2
+"""At most one position in this many of a text is looked up by :meth:`_Secrets.found_in` (every
+one while a secret of :data:`_SCRUB_MIN_LENGTH` characters is held)."""
+_SHOWN_PART: Final = 16
+"""This many characters of a secret in a row, shown, count as the secret (see :class:`_Secrets`):
+with :data:`_FOUND_STRIDE`, the stretch of 8 characters plus the stride, plus 6."""
+_PART_STRETCHES: Final = 32
+"""A secret longer than this many stretches of 8 characters has as many longer stretches."""
 _WEBHOOK_USERINFO: Final = (
     "must not contain userinfo (user:password before the host): credentials in a URL leak "
     "into logs and are not sent; authenticate the request by its signature"
@@ -468,7 +473,10 @@ def _number(value: float) -> str:
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
-_SHOWN_SECRET: Final = "holds the value of a secret: a secret belongs in a secret field only"
+_SHOWN_SECRET: Final = (
+    "holds the value of a secret (or 16 characters of one in a row): a secret belongs in a "
+    "secret field only"
+)
 
 
 @functools.lru_cache(maxsize=1024)  # asked for every key of every webhook: a few names
@@ -837,15 +845,9 @@ def _shown(content: _Content) -> str:
     )
 
 
-_FEW_SECRETS: Final = 64  # up to this many, new secrets are looked for by one regular expression
-
-
 def _holds_any(text: str, secrets: Iterable[str]) -> bool:
-    """Whether ``text`` holds one of ``secrets`` (those :class:`_Secrets` would look for)."""
-    kept = sorted((s for s in secrets if len(s) >= _SCRUB_MIN_LENGTH), key=len, reverse=True)
-    if len(kept) <= _FEW_SECRETS:
-        return bool(kept) and re.search("|".join(map(re.escape, kept)), text) is not None
-    return _Secrets(kept).found_in(text)
+    """Whether ``text`` holds one of ``secrets`` (as :class:`_Secrets` means it)."""
+    return _Secrets(secrets).found_in(text)
 
 
 def _may_note(segment: str) -> bool:
@@ -1260,111 +1262,215 @@ def _decode(data: bytes) -> str:
         raise _Invalid(f"the file is not {encoding} text{line}") from None
 
 
-_WINDOWS: Final = tuple(slice(at, at + _SCRUB_MIN_LENGTH) for at in range(_FOUND_STRIDE))
-"""The windows of a secret that :class:`_Secrets` samples (the first ``stride`` of them)."""
+def _agreement(a: str, i: int, b: str, j: int, *, before: bool = False) -> int:
+    """How many characters ``a[i:]`` and ``b[j:]`` share from their start (``before``: ``a[:i]``
+    and ``b[:j]`` from their end). Slices are compared in C, their lengths doubled, then halved
+    once they differ: the work is that of the agreement, not of the strings."""
+    most = min(i, j) if before else min(len(a) - i, len(b) - j)
+    good, step = 0, 1
+    while good < most:
+        step = min(step, most - good)
+        if before:
+            same = a[i - good - step : i - good] == b[j - good - step : j - good]
+        else:
+            same = a[i + good : i + good + step] == b[j + good : j + good + step]
+        if same:
+            good += step
+            step *= 2
+        elif step == 1:
+            break
+        else:
+            step //= 2
+    return good
+
+
+def _stretch(length: int) -> int:
+    """Every how many characters of a secret of ``length`` :class:`_Secrets` indexes windows."""
+    return max(_SCRUB_MIN_LENGTH, length // _PART_STRETCHES)
+
+
+@functools.lru_cache(maxsize=1024)  # (a few lengths: the secrets of a file are alike)
+def _windows(length: int, stride: int) -> tuple[slice, ...]:
+    """The windows :class:`_Secrets` indexes of a secret of ``length`` characters: the first
+    ``stride`` of each stretch (:func:`_stretch`)."""
+    width = _SCRUB_MIN_LENGTH
+    last = length - width  # (where the last window starts)
+    return tuple(
+        slice(offset, offset + width)
+        for stretch in range(0, last + 1, _stretch(length))
+        for offset in range(stretch, min(stretch + stride, last + 1))
+    )
+
+
+@functools.lru_cache(maxsize=4096)  # (shown values of a few hundred lengths)
+def _cuts(length: int, stride: int) -> tuple[slice, ...]:
+    """The windows :meth:`_Secrets.found_in` looks up in a text of ``length`` characters."""
+    width = _SCRUB_MIN_LENGTH
+    return tuple(slice(at, at + width) for at in range(0, length - width + 1, stride))
+
+
+def _needed(secret: str) -> int:
+    """How many characters of ``secret`` in a row a text must hold to hold it."""
+    return min(len(secret), _stretch(len(secret)) + _SHOWN_PART - _SCRUB_MIN_LENGTH)
+
+
+_Split: TypeAlias = dict[int, dict[str, list[tuple[str, int]]]]
+"""What :meth:`_Secrets._split` makes of a shared window: by length, each string of the secrets
+around it, and where the window is in each secret that holds the string there."""
 
 
 class _Secrets:
     """The secret values met while loading, to keep them out of every message and every field
     that is not a secret.
 
-    :meth:`scrub` replaces every occurrence of any of them (those of at least
-    :data:`_SCRUB_MIN_LENGTH` characters) in a text with ``***``; overlapping or adjacent
-    occurrences become one ``***``. Linear in the text whatever the number of secrets (a file of
-    10,000 webhooks has 10,000 of them, and may have as many problems): the secrets are indexed
-    by their first :data:`_SCRUB_MIN_LENGTH` characters, and each position of the text is looked
-    up once.
+    A text *holds* a secret (one of at least :data:`_SCRUB_MIN_LENGTH` characters) when it holds
+    all of it or :data:`_SHOWN_PART` characters of it in a row (for a secret of more than
+    ``32 * 8`` characters, a 32nd of it and 8 more): a part that long shown in a log gives much
+    of the secret away (pasted after a prefix, into a URL's password, or cut short).
+    :meth:`scrub` replaces each such run of a text with ``***`` (overlapping or adjacent runs
+    become one); :meth:`found_in` says whether there is one.
 
-    :meth:`found_in`, asked of every shown value (three times per webhook), looks at one
-    position in :attr:`_stride` only: each secret is also indexed by its windows at the first
-    ``stride`` offsets, so whichever position a secret starts at, the first sampled position at
-    or after it falls on one of those windows (the stride is at most the number of windows of
-    the shortest secret: it shrinks, and the index is rebuilt, when a shorter one comes)."""
+    Both work from one index, whatever the number of secrets (a file of 10,000 webhooks has
+    10,000 of them, and may have as many problems): a secret is indexed by its windows of
+    :data:`_SCRUB_MIN_LENGTH` characters at the first :attr:`_stride` offsets of each stretch
+    (:func:`_stretch`: 8 characters, or a 32nd of a long secret, so at most 64 windows a
+    secret). A run long enough to count (:func:`_needed`) holds one such window at every offset
+    modulo the stride, so looking up one position of the text in a stride finds it; the run
+    is then measured from there, once per alignment of a secret. The stride is
+    :data:`_FOUND_STRIDE`, 1 while a secret of :data:`_SCRUB_MIN_LENGTH` characters is held
+    (the index is rebuilt when one comes). :meth:`found_in` is asked of every shown value (three
+    per webhook) and looks at one position in a stride; :meth:`scrub`, of each problem only,
+    looks at every one."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._index: dict[str, set[str]] = {}
+        self._secrets: set[str] = set()
         self._stride = _FOUND_STRIDE
-        # Each window of a secret at an offset below the stride (a sampled position that is
-        # one of them: the secrets that start up to ``stride - 1`` before it are looked up in
-        # :attr:`_index`, each start once, so never more work than :meth:`_runs`).
-        self._sampled: dict[str, None] = {}  # (a dict: smaller than a set)
+        # Each indexed window: the secret it is a window of, or the set of them when several
+        # share it (not a record of the offsets: they are found again in the secret when a
+        # text holds the window, which is seldom).
+        self._index: dict[str, str | set[str]] = {}
+        # A shared window met in a text: the secrets holding it, keyed by the strings around it
+        # (see :meth:`_split`); dropped when another secret shares it.
+        self._splits: dict[str, _Split] = {}
         for secret in secrets:
             self.add(secret)
 
     def add(self, secret: str) -> None:
         width = _SCRUB_MIN_LENGTH
-        if len(secret) < width:
+        if len(secret) < width or secret in self._secrets:
             return
-        held = self._index.get(secret[:width])
-        if held is None:
-            self._index[secret[:width]] = {secret}
-        elif secret in held:
-            return
-        else:
-            held.add(secret)
-        windows = len(secret) - width + 1
-        if windows < self._stride:
-            self._stride = windows
-            self._sampled = {}
-            for each in self._index.values():
-                for known in each:
-                    self._sample(known)
+        self._secrets.add(secret)
+        if len(secret) - width + 1 < self._stride:
+            self._stride = len(secret) - width + 1
+            self._index, self._splits = {}, {}
+            for known in self._secrets:
+                self._sample(known)
         else:
             self._sample(secret)
 
     def _sample(self, secret: str) -> None:
-        self._sampled.update(dict.fromkeys(map(secret.__getitem__, _WINDOWS[: self._stride])))
+        index, splits = self._index, self._splits
+        setdefault = index.setdefault
+        for window in map(secret.__getitem__, _windows(len(secret), self._stride)):
+            held = setdefault(window, secret)
+            if held is secret:
+                continue
+            if isinstance(held, str):
+                index[window] = {held, secret}
+            else:
+                held.add(secret)
+            if splits:
+                splits.pop(window, None)
 
     def __contains__(self, secret: str) -> bool:
         """Whether ``secret`` is looked for (one of at least :data:`_SCRUB_MIN_LENGTH`
         characters added)."""
-        return secret in self._index.get(secret[:_SCRUB_MIN_LENGTH], ())
+        return secret in self._secrets
 
     def held(self) -> frozenset[str]:
         """Every secret looked for."""
-        return frozenset().union(*self._index.values())
+        return frozenset(self._secrets)
 
-    def _runs(self, text: str) -> list[tuple[int, int]]:
-        """The spans of ``text`` that are secrets, overlapping and adjacent ones merged."""
+    def _placed(self, secret: str, window: str) -> list[tuple[str, int]]:
+        """Where ``secret`` holds ``window`` among its indexed windows: (secret, offset), ..."""
+        return [
+            (secret, piece.start)
+            for piece in _windows(len(secret), self._stride)
+            if secret.startswith(window, piece.start)
+        ]
+
+    def _split(self, window: str, secrets: set[str]) -> _Split:
+        """The secrets sharing ``window``, sorted for a text that holds it. A run long enough to
+        count holds ``min(len(secret), 16)`` characters of the secret in a row around the
+        window, at one of at most 9 places: each placement of the window in a secret is keyed
+        by those strings, by their length, and a text is looked up by the same few strings.
+        (Secrets made from one template share windows, and a long common prefix: each of
+        thousands would be measured at each hit.)"""
         width = _SCRUB_MIN_LENGTH
-        runs: list[tuple[int, int]] = []
-        if not self._index:
-            return runs
-        index = self._index
-        for start in range(len(text) - width + 1):
-            for secret in index.get(text[start : start + width], ()):
-                if text.startswith(secret, start):
-                    end = start + len(secret)
-                    if runs and start <= runs[-1][1]:
-                        runs[-1] = (runs[-1][0], max(runs[-1][1], end))
-                    else:
-                        runs.append((start, end))
-        return runs
+        split: _Split = {}
+        for secret in secrets:
+            size = min(len(secret), _SHOWN_PART)
+            keyed = split.setdefault(size, {})
+            for placed in self._placed(secret, window):
+                offset = placed[1]
+                for start in range(max(0, offset + width - size), offset + 1):
+                    if start + size <= len(secret):
+                        keyed.setdefault(secret[start : start + size], []).append(placed)
+        self._splits[window] = split
+        return split
+
+    def _spans(self, text: str, starts: range) -> Iterator[tuple[int, int]]:
+        """The runs of ``text`` long enough to hold a secret (see the class) that hold a window
+        indexed at one of ``starts``, each once (windows of a run met again are skipped)."""
+        width, index = _SCRUB_MIN_LENGTH, self._index
+        measured: dict[tuple[str, int], int] = {}  # (secret, alignment): end of its run
+        for at in starts:
+            window = text[at : at + width]
+            held = index.get(window)
+            if held is None:
+                continue
+            if isinstance(held, str):
+                candidates = self._placed(held, window)
+            else:
+                split = self._splits.get(window) or self._split(window, held)
+                candidates = [
+                    placed
+                    for size, keyed in split.items()
+                    for start in range(max(0, at + width - size), at + 1)
+                    for placed in keyed.get(text[start : start + size], ())
+                ]
+            for secret, offset in candidates:
+                alignment = (secret, at - offset)
+                if measured.get(alignment, -1) >= at + width or _needed(secret) > len(text):
+                    continue
+                start = at - _agreement(text, at, secret, offset, before=True)
+                end = at + width + _agreement(text, at + width, secret, offset + width)
+                measured[alignment] = end
+                if end - start >= _needed(secret):
+                    yield start, end
 
     def found_in(self, text: str) -> bool:
         """Whether ``text`` holds any of the secrets. (Asked of every value that may be shown,
         tens of thousands at 10,000 webhooks: one window in :attr:`_stride` is cut, the windows
         are matched against the index by the set code, in C, and only a window that may be
         part of a secret is looked at further.)"""
-        sampled = self._sampled
-        width, stride = _SCRUB_MIN_LENGTH, self._stride
-        if not sampled or len(text) < width:
+        index, width, stride = self._index, _SCRUB_MIN_LENGTH, self._stride
+        if not index or len(text) < width:
+            return False
+        if index.keys().isdisjoint(map(text.__getitem__, _cuts(len(text), stride))):
             return False
         starts = range(0, len(text) - width + 1, stride)
-        windows = [text[at : at + width] for at in starts]
-        if sampled.keys().isdisjoint(windows):
-            return False
-        index = self._index
-        for at, window in zip(starts, windows, strict=True):
-            if window not in sampled:
-                continue
-            # a secret holding this window among its first ``stride`` ones starts at most
-            # ``stride - 1`` before it (and after the previous sampled position's starts)
-            for start in range(max(0, at - stride + 1), at + 1):
-                for secret in index.get(text[start : start + width], ()):
-                    if text.startswith(secret, start):
-                        return True
-        return False
+        return next(self._spans(text, starts), None) is not None
+
+    def _runs(self, text: str) -> list[tuple[int, int]]:
+        """The spans of ``text`` that hold a secret, overlapping and adjacent ones merged."""
+        runs: list[tuple[int, int]] = []
+        for start, end in sorted(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1))):
+            if runs and start <= runs[-1][1]:
+                runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+            else:
+                runs.append((start, end))
+        return runs
 
     def scrub(self, text: str) -> str:
         runs = self._runs(text)
@@ -1461,12 +1567,15 @@ class _Loader:
                         pending.append(child)
 
     def remember_secret(self, value: str | bytes) -> None:
-        """Note a secret value so that no message can show it (see :attr:`problems`)."""
+        """Note a secret value so that no message can show it (see :attr:`problems`). A
+        ``${NAME}`` is not one: it names the variable, whose value is noted when it is read
+        (and a message may name the variable)."""
         text = value if isinstance(value, str) else value.decode("utf-8", "replace")
         if text in self._secrets:  # (each is met two or three times: in the document, read)
             return  # (and with it its strip(): added together, or it is a strip() itself)
-        self._secrets.add(text)
-        self._secrets.add(text.strip())
+        for each in (text, text.strip()):
+            if _ENV_REFERENCE.fullmatch(each) is None:
+                self._secrets.add(each)
 
     def report(self, line: int | None, text: str) -> None:
         """Record one problem of the file being read at a 1-based line (None: not tied to a

@@ -805,7 +805,71 @@ def test_a_field_that_is_shown_never_holds_a_secrets_value(
 def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
     text = webhook_yaml(secret=PLANTED, url=f"https://shop.example.com/hooks/{PLANTED}")
     assert only_problem(write(tmp_path, text)) == (
-        f"{SHOP} 'url': holds the value of a secret: a secret belongs in a secret field only"
+        f"{SHOP} 'url': holds the value of a secret (or 16 characters of one in a row): "
+        "a secret belongs in a secret field only"
+    )
+
+
+SHOWN_PART = 16  # what the loader's messages say: "16 characters of one in a row"
+
+
+@pytest.mark.parametrize(
+    ("secret", "field", "value"),
+    [
+        # found by the grammar fuzz test: the account held a URL whose password was the end of
+        # the webhook's secret, and the configuration's repr showed it
+        ("S" * 32 + PLANTED, "account", f"https://alice:{PLANTED}@x.example/"),
+        (f"prefix-{PLANTED}", "account", PLANTED),  # the secret's prefix left out
+        (f"{PLANTED}-and-its-tail", "id", PLANTED),  # cut short
+        (PLANTED, "url", f"https://shop.example.com/{PLANTED[3 : 3 + SHOWN_PART]}/x"),
+        (PLANTED, "account", f"acct-{PLANTED[-SHOWN_PART:]}"),
+    ],
+)
+def test_a_shown_field_holding_16_characters_of_a_secret_in_a_row_is_refused(
+    tmp_path: Path, secret: str, field: str, value: str
+) -> None:
+    """A part of a secret shown in a log gives that much of it away: 16 characters of one in a
+    row count as the secret, wherever they stand in it and in the field."""
+    text = webhook_yaml(secret=f"'{secret}'", **{field: f"'{value}'"})
+    problem = only_problem(write(tmp_path, text))
+    assert f"field '{field}': holds the value of a secret" in problem, problem
+
+
+def test_a_shown_field_holding_15_characters_of_a_secret_in_a_row_is_kept(tmp_path: Path) -> None:
+    """One character short of the part that counts: the field is the account holder's to
+    choose (a secret may well share a word with it)."""
+    part = PLANTED[:SHOWN_PART - 1]
+    text = webhook_yaml(secret=f"'{PLANTED}'", account=f"'acct-{part}'")
+    assert load_config(write(tmp_path, text)).webhooks[0].account == f"acct-{part}"
+
+
+def test_a_long_secret_counts_by_a_32nd_of_it_and_8(tmp_path: Path) -> None:
+    """A secret of more than 256 characters (a key in a file, say) is indexed by 32 stretches
+    of its length: a 32nd of it and 8 characters more in a row count as it, 16 do not."""
+    secret = "".join(f"{n:04x}" for n in range(200))  # 800 characters, all runs distinct
+    need = len(secret) // 32 + 8
+    shown = secret[400 : 400 + need]
+    text = webhook_yaml(secret=f"'{secret}'", account=f"'acct-{shown}'")
+    assert only_problem(write(tmp_path, text)).startswith(f"{SHOP} 'account': holds the value")
+    text = webhook_yaml(secret=f"'{secret}'", account=f"'acct-{shown[:-1]}'")
+    assert load_config(write(tmp_path, text)).webhooks[0].account == f"acct-{shown[:-1]}"
+
+
+def test_a_message_masks_16_characters_of_a_secret_in_a_row(tmp_path: Path) -> None:
+    """What a shown field may not hold, no message shows: an unknown key named by a part of
+    the secret is masked in the message that names it."""
+    part = PLANTED[2 : 2 + SHOWN_PART]
+    text = webhook_yaml(secret=f"'{PLANTED}'").replace("secret:", f"{part}: 1\n    secret:", 1)
+    problem = only_problem(write(tmp_path, text))
+    assert part not in problem and "***" in problem, problem
+
+
+def test_an_environment_reference_is_not_a_secret_to_mask(tmp_path: Path) -> None:
+    """``${NAME}`` names a variable: a message may say which one is unset (its value, when it
+    is set, is the secret)."""
+    text = webhook_yaml(secret="${SHOP_MAIN_WEBHOOK_SECRET}")
+    assert only_problem(write(tmp_path, text), {}) == (
+        f"{SHOP} 'secret': environment variable SHOP_MAIN_WEBHOOK_SECRET is not set or empty"
     )
 
 
@@ -1486,5 +1550,6 @@ def test_a_webhook_url_holding_a_secret_read_with_a_trailing_newline_is_refused(
     part of the first): the url holding the stripped value is refused."""
     text = webhook_yaml(secret="${SHOP_SECRET}", url=f"https://shop.example.com/hooks/{PLANTED}")
     assert only_problem(write(tmp_path, text), {"SHOP_SECRET": f"{PLANTED}\n"}) == (
-        f"{SHOP} 'url': holds the value of a secret: a secret belongs in a secret field only"
+        f"{SHOP} 'url': holds the value of a secret (or 16 characters of one in a row): "
+        "a secret belongs in a secret field only"
     )

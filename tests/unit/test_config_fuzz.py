@@ -854,29 +854,44 @@ _SCRUB_ALPHABET = st.characters(blacklist_characters="*", blacklist_categories=(
 
 @st.composite
 def _woven(draw: st.DrawFn, shortest: int) -> tuple[list[str], str]:
-    """Secrets of at least ``shortest`` characters, and a text weaving some of them (overlapping,
-    nested, adjacent) between pieces of other text."""
-    secrets = draw(st.lists(st.text(_SCRUB_ALPHABET, min_size=shortest, max_size=20), max_size=8))
-    pieces = draw(st.lists(st.text(_SCRUB_ALPHABET, max_size=12), max_size=8))
-    picks = draw(st.lists(st.integers(min_value=0, max_value=7), max_size=8))
-    text = "".join(
-        piece + (secrets[pick % len(secrets)] if secrets else "")
-        for piece, pick in zip(pieces, picks, strict=False)
-    )
-    return secrets, text
+    """Secrets of at least ``shortest`` characters (now and then one of hundreds), and a text
+    weaving some of them, or parts of them, (overlapping, nested, adjacent) between pieces of
+    other text."""
+    alphabet = draw(st.sampled_from([_SCRUB_ALPHABET, st.sampled_from("abc")]))
+    short = st.text(alphabet, min_size=shortest, max_size=40)
+    secrets = draw(st.lists(short | st.text(alphabet, min_size=257, max_size=900), max_size=8))
+    pieces = draw(st.lists(st.text(alphabet, max_size=12), max_size=8))
+    picks = draw(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 900), st.integers(0, 900))))
+    woven = []
+    for piece, (pick, start, length) in zip(pieces, picks, strict=False):
+        secret = secrets[pick % len(secrets)] if secrets else ""
+        start = start % (len(secret) + 1) if start % 3 else 0  # (a whole one, a third of the time)
+        end = len(secret) if start == 0 else start + length
+        woven += [piece, secret[start:end]]
+    return secrets, "".join(woven)
+
+
+def holds(text: str, secret: str) -> bool:
+    """What the loader means by a text holding a secret, said plainly: a secret of at least 8
+    characters, all of it or 16 characters of it in a row (a 32nd of it and 8 more, for a secret
+    longer than 256), looked for at every offset of the secret."""
+    if len(secret) < 8:
+        return False
+    need = min(len(secret), max(16, len(secret) // 32 + 8))
+    return any(secret[at : at + need] in text for at in range(len(secret) - need + 1))
 
 
 @settings(max_examples=300, deadline=None)
 @given(_woven(shortest=8))
 def test_scrubbing_leaves_no_secret_in_a_message(woven: tuple[list[str], str]) -> None:
-    """Whatever the secrets (overlapping, nested, adjacent) and however they are woven into a
-    message, none is left in it, and a message without one is unchanged."""
+    """Whatever the secrets (overlapping, nested, adjacent, whole or in part) and however they
+    are woven into a message, none is left in it, and a message without one is unchanged."""
     from bridge.config.loader import _Secrets
 
     secrets, text = woven
     masked = _Secrets(secrets).scrub(text)
-    assert not any(secret in masked for secret in secrets)
-    if not any(secret in text for secret in secrets):
+    assert not any(holds(masked, secret) for secret in secrets)
+    if not any(holds(text, secret) for secret in secrets):
         assert masked == text
 
 
@@ -885,13 +900,12 @@ def test_scrubbing_leaves_no_secret_in_a_message(woven: tuple[list[str], str]) -
 def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it(
     woven: tuple[list[str], str],
 ) -> None:
-    """``found_in`` (its windows cut in C) says the same as looking for each secret of at least
-    the scrubbing length, line breaks and all."""
-    from bridge.config.loader import _SCRUB_MIN_LENGTH, _Secrets
+    """``found_in`` (its windows cut in C) says what :func:`holds` says of each secret, line
+    breaks and all."""
+    from bridge.config.loader import _Secrets
 
     secrets, text = woven
-    long_enough = [secret for secret in secrets if len(secret) >= _SCRUB_MIN_LENGTH]
-    assert _Secrets(secrets).found_in(text) == any(secret in text for secret in long_enough)
+    assert _Secrets(secrets).found_in(text) == any(holds(text, secret) for secret in secrets)
 
 
 def test_scrubbing_masks_among_ten_thousand_secrets() -> None:
@@ -940,8 +954,9 @@ def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it_as_they_come(
 ) -> None:
     """Secrets added one by one, longest or shortest first, each followed by a question:
     ``found_in`` (which samples the text, one position in a stride that shrinks as shorter
-    secrets come) says what looking for each secret of at least the scrubbing length says, of a
-    text that holds the secrets so far at every offset. (Two letters make secrets share windows.)"""
+    secrets come) says what :func:`holds` says of the secrets so far, of a text that holds the
+    newest, or its last 16 characters, at every offset. (Two letters make secrets share
+    windows.)"""
     from bridge.config.loader import _SCRUB_MIN_LENGTH, _Secrets
 
     held = _Secrets()
@@ -950,12 +965,12 @@ def test_a_text_holds_a_secret_exactly_when_one_of_them_is_in_it_as_they_come(
         held.add(secret)
         known.append(secret)
         assert (secret in held) == (len(secret) >= _SCRUB_MIN_LENGTH)  # (remember_secret asks)
-        long_enough = [each for each in known if len(each) >= _SCRUB_MIN_LENGTH]
-        for shift in range(9):
-            woven = text[:shift] + secret + text[shift:]
-            expected = any(each in woven for each in long_enough)
-            assert held.found_in(woven) == expected
-            assert held.found_in(text) == any(each in text for each in long_enough)
+        for part in {secret, secret[-16:]}:
+            for shift in range(9):
+                woven = text[:shift] + part + text[shift:]
+                expected = any(holds(woven, each) for each in known)
+                assert held.found_in(woven) == expected
+        assert held.found_in(text) == any(holds(text, each) for each in known)
 
 
 _FLOW_THEN_QUESTION = re.compile(r"(?:^|[ ,\[{])[\[{](?:[^\n]*\?|[^\]}\n]*\n)", re.MULTILINE)
