@@ -474,8 +474,8 @@ def _number(value: float) -> str:
 
 
 _SHOWN_SECRET: Final = (
-    "holds the value of a secret (or 16 characters of one in a row): a secret belongs in a "
-    "secret field only"
+    "holds a secret or 16 characters of one in a row: a secret belongs in a secret field only, "
+    "and is not made from a value that is shown (such as the webhook's id)"
 )
 
 
@@ -2206,8 +2206,10 @@ class _Loader:
                     and self.kept_node(item, given_id, reuse, context)
                 ):
                     continue
+                # (an id holding a secret, or part of one, would be masked in every message)
+                named = given_id and not self._secrets.found_in(given_id)
                 webhook = self.webhook(
-                    item, f"webhook '{given_id}'" if given_id else f"webhook #{index}", delivery
+                    item, f"webhook '{given_id}'" if named else f"webhook #{index}", delivery
                 )
                 if webhook is None:
                     continue

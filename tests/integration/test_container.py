@@ -30,7 +30,7 @@ import yaml
 
 from devtools.devkafka import free_port
 from devtools.samples import make_record
-from tests.bridge_harness import BridgeSetup, webhook
+from tests.bridge_harness import BridgeSetup, secret_of, webhook
 from tests.kafka_helpers import committed_offsets, wait_for
 from tests.receiver import Answer, Receiver
 
@@ -307,7 +307,7 @@ def test_bridge_run_in_the_container_delivers_reports_health_and_drains_on_sigte
     )
     wait_for(lambda: len(receiver.on("/hook")) == 2, 30, message=f"deliveries\n{container.logs()}")
     for request in receiver.on("/hook"):
-        expected = hmac.new(b"secret-of-hook", request.body, hashlib.sha256).hexdigest()
+        expected = hmac.new(secret_of("hook").encode(), request.body, hashlib.sha256).hexdigest()
         assert request.headers["x-service-secret"] == expected
         assert request.headers["webhook-signature"].startswith("v1,")
         assert json.loads(request.body)["event"] in {"transaction.success", "transaction.failed"}

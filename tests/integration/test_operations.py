@@ -24,7 +24,7 @@ from bridge.config.loader import load_config
 from bridge.core.envelope import header_map
 from devtools.devkafka import Broker, free_port
 from devtools.samples import encode_records, make_record
-from tests.bridge_harness import REPO, SCHEMA, BridgeProcess, BridgeSetup, webhook
+from tests.bridge_harness import REPO, SCHEMA, BridgeProcess, BridgeSetup, secret_of, webhook
 from tests.kafka_helpers import QUIET, committed_offsets, create_topics, produce, wait_for
 from tests.receiver import Answer, Receiver, always, fail_first, warmed_then
 
@@ -179,7 +179,7 @@ def test_hostile_config_files_never_stop_reloads(receiver: Receiver, bridge_setu
     setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/old"))])
     bridge = setup.start_bridge()
     good = bridge.own_config.read_text()
-    assert good.rstrip().endswith("secret: secret-of-hook"), "webhooks come last"
+    assert good.rstrip().endswith(f"secret: {secret_of('hook')}"), "webhooks come last"
     for number, (name, (field, value)) in enumerate(HOSTILE_FIELDS.items(), start=1):
         bridge.own_config.write_text(good + hostile_webhook(field, value) + "\n")
         wait_for(

@@ -38,7 +38,7 @@ from confluent_kafka.admin import (
 from bridge.kafka.security import security_failure
 from devtools.devkafka import Broker, BrokerSecurity
 from devtools.samples import make_record
-from tests.bridge_harness import REPO, BridgeProcess, BridgeSetup, webhook
+from tests.bridge_harness import REPO, BridgeProcess, BridgeSetup, secret_of, webhook
 from tests.kafka_helpers import QUIET, committed_offsets, wait_for
 from tests.receiver import Receiver, fail_first
 
@@ -261,7 +261,7 @@ def deliver_one(setup: BridgeSetup, receiver: Receiver) -> BridgeProcess:
     setup.produce_records([make_record("tx-secured", "acct_1", success=True)])
     wait_for(lambda: receiver.received_ids("/hook"), 30, message="the delivery")
     request = receiver.on("/hook")[0]
-    expected = hmac.new(b"secret-of-hook", request.body, hashlib.sha256).hexdigest()
+    expected = hmac.new(secret_of("hook").encode(), request.body, hashlib.sha256).hexdigest()
     assert request.headers["x-service-secret"] == expected
     assert request.headers["webhook-signature"].startswith("v1,")
     assert json.loads(request.body)["transactionId"] == "tx-secured"

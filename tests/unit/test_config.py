@@ -390,6 +390,10 @@ def webhook_yaml(**fields: str | None) -> str:
 
 
 SHOP = "webhook 'shop-main': field"
+SHOWN_SECRET = (  # the problem of a shown field holding a secret or part of one
+    "holds a secret or 16 characters of one in a row: a secret belongs in a secret field only, "
+    "and is not made from a value that is shown (such as the webhook's id)"
+)
 WEBHOOK_PROBLEMS = [
     ({"id": "'no spaces'"}, "webhook #1: field 'id': must be 1 to 64 characters among"),
     ({"url": "/relative"}, f"{SHOP} 'url': must be an absolute http:// or https:// URL"),
@@ -799,14 +803,13 @@ def test_a_field_that_is_shown_never_holds_a_secrets_value(
     a secret's value (or a part of it) is refused, in every section, not only a webhook's id."""
     text = f"{section}\n" + webhook_yaml(secret=PLANTED)
     problem = only_problem(write(tmp_path, text))
-    assert where in problem and problem.endswith("a secret belongs in a secret field only")
+    assert where in problem and problem.endswith(SHOWN_SECRET)
 
 
 def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
     text = webhook_yaml(secret=PLANTED, url=f"https://shop.example.com/hooks/{PLANTED}")
     assert only_problem(write(tmp_path, text)) == (
-        f"{SHOP} 'url': holds the value of a secret (or 16 characters of one in a row): "
-        "a secret belongs in a secret field only"
+        f"{SHOP} 'url': {SHOWN_SECRET}"
     )
 
 
@@ -832,7 +835,7 @@ def test_a_shown_field_holding_16_characters_of_a_secret_in_a_row_is_refused(
     row count as the secret, wherever they stand in it and in the field."""
     text = webhook_yaml(secret=f"'{secret}'", **{field: f"'{value}'"})
     problem = only_problem(write(tmp_path, text))
-    assert f"field '{field}': holds the value of a secret" in problem, problem
+    assert f"field '{field}': {SHOWN_SECRET}" in problem, problem
 
 
 def test_a_shown_field_holding_15_characters_of_a_secret_in_a_row_is_kept(tmp_path: Path) -> None:
@@ -843,6 +846,18 @@ def test_a_shown_field_holding_15_characters_of_a_secret_in_a_row_is_kept(tmp_pa
     assert load_config(write(tmp_path, text)).webhooks[0].account == f"acct-{part}"
 
 
+def test_a_secret_made_from_the_webhooks_id_is_refused_naming_the_webhook_by_place(
+    tmp_path: Path,
+) -> None:
+    """A secret holding 16 characters of a shown value in a row is half given away by it: the
+    problem says so on the shown field, and names the webhook by its place in the list (its id
+    would be masked in the message)."""
+    hook_id = "payments-production-eu"
+    second = webhook_yaml(id=hook_id, secret=f"'whsec-{hook_id}-7'").removeprefix("webhooks:\n")
+    path = write(tmp_path, webhook_yaml() + second)
+    assert problems_of(path) == [f"{path}:7: webhook #2: field 'id': {SHOWN_SECRET}"]
+
+
 def test_a_long_secret_counts_by_a_32nd_of_it_and_8(tmp_path: Path) -> None:
     """A secret of more than 256 characters (a key in a file, say) is indexed by 32 stretches
     of its length: a 32nd of it and 8 characters more in a row count as it, 16 do not."""
@@ -850,7 +865,7 @@ def test_a_long_secret_counts_by_a_32nd_of_it_and_8(tmp_path: Path) -> None:
     need = len(secret) // 32 + 8
     shown = secret[400 : 400 + need]
     text = webhook_yaml(secret=f"'{secret}'", account=f"'acct-{shown}'")
-    assert only_problem(write(tmp_path, text)).startswith(f"{SHOP} 'account': holds the value")
+    assert only_problem(write(tmp_path, text)) == f"{SHOP} 'account': {SHOWN_SECRET}"
     text = webhook_yaml(secret=f"'{secret}'", account=f"'acct-{shown[:-1]}'")
     assert load_config(write(tmp_path, text)).webhooks[0].account == f"acct-{shown[:-1]}"
 
@@ -880,7 +895,7 @@ def test_shown_fields_are_judged_one_by_one_not_joined(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, webhook_yaml(secret=joint))).webhooks[0].id == "shop-main"
     planted = webhook_yaml(secret=joint, account=f"acct_{PLANTED}")
     text = planted.replace("secret:", f"previous_secret: {PLANTED}\n    secret:")
-    assert only_problem(write(tmp_path, text)).startswith(f"{SHOP} 'account': holds the value")
+    assert only_problem(write(tmp_path, text)) == f"{SHOP} 'account': {SHOWN_SECRET}"
 
 
 def test_at_most_1000_problems_are_listed(tmp_path: Path) -> None:
@@ -1550,6 +1565,5 @@ def test_a_webhook_url_holding_a_secret_read_with_a_trailing_newline_is_refused(
     part of the first): the url holding the stripped value is refused."""
     text = webhook_yaml(secret="${SHOP_SECRET}", url=f"https://shop.example.com/hooks/{PLANTED}")
     assert only_problem(write(tmp_path, text), {"SHOP_SECRET": f"{PLANTED}\n"}) == (
-        f"{SHOP} 'url': holds the value of a secret (or 16 characters of one in a row): "
-        "a secret belongs in a secret field only"
+        f"{SHOP} 'url': {SHOWN_SECRET}"
     )

@@ -105,8 +105,8 @@ def load(files: Files, data: bytes) -> Config | None:
 def check_config(config: Config | None) -> None:
     """A loaded configuration keeps every secret out of its repr: the planted secret wherever a
     secret field holds it, and every secret value it holds (written in another field too, say
-    the account, it is refused: ``holds the value of a secret``), unless that value is text
-    every configuration shows whatever its secrets (:func:`public_text`: a secret
+    the account, it is refused: ``holds a secret or 16 characters of one``), unless that value
+    is text every configuration shows whatever its secrets (:func:`public_text`: a secret
     ``transaction.success`` is shown by the events, ``embedded`` by the default schema mode;
     the grammar draws such words as secrets now and then, and hypothesis found the first)."""
     if config is None:
