@@ -41,6 +41,7 @@ text means the same file wherever it is kept).
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import difflib
 import functools
@@ -1309,12 +1310,45 @@ def _cuts(length: int, stride: int) -> tuple[slice, ...]:
     return tuple(slice(at, at + width) for at in range(0, length - width + 1, stride))
 
 
+_CUTS_CACHED: Final = 1024
+"""Texts up to this long are cut by cached slices (:func:`_cuts`); longer ones as they come (a
+cached tuple holds about 30 bytes per character of the text, kept after the load)."""
+
+
+def _windows_of(text: str, stride: int) -> Iterator[str]:
+    """The windows of ``text`` that :meth:`_Secrets.found_in` looks up."""
+    if len(text) <= _CUTS_CACHED:
+        return map(text.__getitem__, _cuts(len(text), stride))
+    width = _SCRUB_MIN_LENGTH
+    return (text[at : at + width] for at in range(0, len(text) - width + 1, stride))
+
+
+_WORK_BASE: Final = 256
+_WORK_PER_CHARACTER: Final = 16
+"""How many possible placements of a secret one text may have measured: this many per
+character, and :data:`_WORK_BASE` more. A real text uses a few; one made to look like many
+secrets at once (a config author's periodic or shared-prefix secrets) reaches it, and is then
+taken to hold a secret (see :class:`_TooAlike`)."""
+
+
+_MOST_PLACEMENTS: Final = 8
+"""A window indexed at more places than this in one secret (a periodic secret: ``abab...``) is
+not split (:meth:`_Secrets._split`): a text holding it is taken to hold a secret."""
+_KEY_MOST: Final = 24
+"""The longest string a shared window's placements are keyed by (:meth:`_Secrets._key`)."""
+
+
+class _TooAlike(Exception):
+    """A text holds so many windows of the secrets that measuring them all would cost more than
+    the bound: it is taken to hold one (refused if shown, masked whole in a message)."""
+
+
 def _needed(secret: str) -> int:
     """How many characters of ``secret`` in a row a text must hold to hold it."""
     return min(len(secret), _stretch(len(secret)) + _SHOWN_PART - _SCRUB_MIN_LENGTH)
 
 
-_Split: TypeAlias = dict[int, dict[str, list[tuple[str, int]]]]
+_Split: TypeAlias = dict[int, dict[str, dict[tuple[str, int], None]]]
 """What :meth:`_Secrets._split` makes of a shared window: by length, each string of the secrets
 around it, and where the window is in each secret that holds the string there."""
 
@@ -1340,7 +1374,15 @@ class _Secrets:
     :data:`_FOUND_STRIDE`, 1 while a secret of :data:`_SCRUB_MIN_LENGTH` characters is held
     (the index is rebuilt when one comes). :meth:`found_in` is asked of every shown value (three
     per webhook) and looks at one position in a stride; :meth:`scrub`, of each problem only,
-    looks at every one."""
+    looks at every one.
+
+    The work is bounded by the text whatever the secrets: a shared window's split is kept and
+    each new secret keyed into it; a text may have at most :data:`_WORK_PER_CHARACTER`
+    placements measured per character (and :data:`_WORK_BASE`); a window met at more than
+    :data:`_MOST_PLACEMENTS` places of one secret is not measured. A text past either is
+    *too alike* (:class:`_TooAlike`): it is taken to hold a secret, so it is refused if shown
+    and masked whole in a message. Only a periodic secret, or many secrets with a long common
+    part, can make a text so."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
@@ -1352,6 +1394,8 @@ class _Secrets:
         # A shared window met in a text: the secrets holding it, keyed by the strings around it
         # (see :meth:`_split`); dropped when another secret shares it.
         self._splits: dict[str, _Split] = {}
+        # Windows met at more than _MOST_PLACEMENTS places of one secret (see _TooAlike).
+        self._alike: set[str] = set()
         for secret in secrets:
             self.add(secret)
 
@@ -1362,16 +1406,20 @@ class _Secrets:
         self._secrets.add(secret)
         if len(secret) - width + 1 < self._stride:
             self._stride = len(secret) - width + 1
-            self._index, self._splits = {}, {}
+            self._index, self._splits, self._alike = {}, {}, set()
             for known in self._secrets:
                 self._sample(known)
         else:
             self._sample(secret)
 
     def _sample(self, secret: str) -> None:
-        index, splits = self._index, self._splits
+        index, splits, alike = self._index, self._splits, self._alike
         setdefault = index.setdefault
-        for window in map(secret.__getitem__, _windows(len(secret), self._stride)):
+        windows = list(map(secret.__getitem__, _windows(len(secret), self._stride)))
+        if len(set(windows)) + _MOST_PLACEMENTS < len(windows):  # (a cheap test first)
+            counts = collections.Counter(windows)
+            alike.update(each for each, count in counts.items() if count > _MOST_PLACEMENTS)
+        for window in windows:
             held = setdefault(window, secret)
             if held is secret:
                 continue
@@ -1379,8 +1427,10 @@ class _Secrets:
                 index[window] = {held, secret}
             else:
                 held.add(secret)
-            if splits:
-                splits.pop(window, None)
+            # (a split is kept and the secret keyed into it: rebuilt at each add, it cost n²)
+            split = splits.get(window) if splits else None
+            if split is not None and window not in alike:
+                self._key(split, window, secret)
 
     def __contains__(self, secret: str) -> bool:
         """Whether ``secret`` is looked for (one of at least :data:`_SCRUB_MIN_LENGTH`
@@ -1401,45 +1451,58 @@ class _Secrets:
 
     def _split(self, window: str, secrets: set[str]) -> _Split:
         """The secrets sharing ``window``, sorted for a text that holds it. A run long enough to
-        count holds ``min(len(secret), 16)`` characters of the secret in a row around the
-        window, at one of at most 9 places: each placement of the window in a secret is keyed
-        by those strings, by their length, and a text is looked up by the same few strings.
+        count holds ``min(len(secret), _needed(secret), 24)`` characters of the secret in a row
+        around the window, at one of at most 17 places: each placement of the window in a secret
+        is keyed by those strings, by their length, and a text is looked up by the same few
+        strings.
         (Secrets made from one template share windows, and a long common prefix: each of
         thousands would be measured at each hit.)"""
-        width = _SCRUB_MIN_LENGTH
         split: _Split = {}
         for secret in secrets:
-            size = min(len(secret), _SHOWN_PART)
-            keyed = split.setdefault(size, {})
-            for placed in self._placed(secret, window):
-                offset = placed[1]
-                for start in range(max(0, offset + width - size), offset + 1):
-                    if start + size <= len(secret):
-                        keyed.setdefault(secret[start : start + size], []).append(placed)
+            self._key(split, window, secret)
         self._splits[window] = split
         return split
 
+    def _key(self, split: _Split, window: str, secret: str) -> None:
+        """Key each placement of ``window`` in ``secret`` in ``split`` (see :meth:`_split`);
+        a placement is keyed once by each string (a periodic secret gives one string often)."""
+        width, size = _SCRUB_MIN_LENGTH, min(len(secret), _needed(secret), _KEY_MOST)
+        keyed = split.setdefault(size, {})
+        for placed in self._placed(secret, window):
+            offset = placed[1]
+            for start in range(max(0, offset + width - size), offset + 1):
+                if start + size <= len(secret):
+                    keyed.setdefault(secret[start : start + size], {})[placed] = None
+
     def _spans(self, text: str, starts: range) -> Iterator[tuple[int, int]]:
         """The runs of ``text`` long enough to hold a secret (see the class) that hold a window
-        indexed at one of ``starts``, each once (windows of a run met again are skipped)."""
+        indexed at one of ``starts``, each once (windows of a run met again are skipped).
+        Raises :class:`_TooAlike` past the bound of :data:`_WORK_PER_CHARACTER`."""
         width, index = _SCRUB_MIN_LENGTH, self._index
         measured: dict[tuple[str, int], int] = {}  # (secret, alignment): end of its run
+        work = _WORK_BASE + _WORK_PER_CHARACTER * len(text)
         for at in starts:
             window = text[at : at + width]
             held = index.get(window)
             if held is None:
                 continue
+            if window in self._alike:
+                raise _TooAlike
+            candidates: Iterable[tuple[str, int]]
             if isinstance(held, str):
                 candidates = self._placed(held, window)
             else:
                 split = self._splits.get(window) or self._split(window, held)
-                candidates = [
+                candidates = (  # (lazily: the bound may end it)
                     placed
                     for size, keyed in split.items()
                     for start in range(max(0, at + width - size), at + 1)
                     for placed in keyed.get(text[start : start + size], ())
-                ]
+                )
             for secret, offset in candidates:
+                work -= 1
+                if work < 0:
+                    raise _TooAlike
                 alignment = (secret, at - offset)
                 if measured.get(alignment, -1) >= at + width or _needed(secret) > len(text):
                     continue
@@ -1457,15 +1520,22 @@ class _Secrets:
         index, width, stride = self._index, _SCRUB_MIN_LENGTH, self._stride
         if not index or len(text) < width:
             return False
-        if index.keys().isdisjoint(map(text.__getitem__, _cuts(len(text), stride))):
+        if index.keys().isdisjoint(_windows_of(text, stride)):
             return False
         starts = range(0, len(text) - width + 1, stride)
-        return next(self._spans(text, starts), None) is not None
+        try:
+            return next(self._spans(text, starts), None) is not None
+        except _TooAlike:
+            return True
 
     def _runs(self, text: str) -> list[tuple[int, int]]:
         """The spans of ``text`` that hold a secret, overlapping and adjacent ones merged."""
         runs: list[tuple[int, int]] = []
-        for start, end in sorted(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1))):
+        try:
+            spans = sorted(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1)))
+        except _TooAlike:
+            return [(0, len(text))]
+        for start, end in spans:
             if runs and start <= runs[-1][1]:
                 runs[-1] = (runs[-1][0], max(runs[-1][1], end))
             else:
