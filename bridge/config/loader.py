@@ -474,6 +474,9 @@ def _number(value: float) -> str:
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
+_KEY_THEN_VALUE: Final = re.compile(r"\s*([^\s:=]+)\s*[\s:=]\s*(\S.*)", re.DOTALL)
+"""A key followed by its value in one scalar (the colon mistyped)."""
+
 _SHOWN_SECRET: Final = (
     "holds a secret or 16 characters of one in a row: a secret belongs in a secret field only, "
     "and is not made from a value that is shown (such as the webhook's id)"
@@ -1614,6 +1617,7 @@ class _Loader:
                     secret = verdicts.get(key)
                     if secret is None:
                         secret = verdicts[key] = _is_secret_key(key)
+                        self.remember_key_tail(key)
                     if not secret:
                         continue
                     if scalar:
@@ -1635,6 +1639,13 @@ class _Loader:
                     if not isinstance(child, ScalarNode) and id(child) not in seen:
                         seen.add(id(child))
                         pending.append(child)
+
+    def remember_key_tail(self, key: str) -> None:
+        """Note the value in a key whose colon was mistyped (``password  VALUE`` or
+        ``password=VALUE`` in a flow mapping: one key, shown as an unknown key's name)."""
+        match = _KEY_THEN_VALUE.fullmatch(key)
+        if match is not None and _is_secret_key(match[1]):
+            self.remember_secret(match[2])
 
     def remember_secret(self, value: str | bytes) -> None:
         """Note a secret value so that no message can show it (see :attr:`problems`). A

@@ -18,7 +18,7 @@ from bridge.core.envelope import header_map
 from bridge.core.signing import message_id
 from bridge.engine.budget import UNANSWERED_BURST, UNANSWERED_PER_S
 from devtools.samples import make_record
-from tests.bridge_harness import BridgeSetup, webhook
+from tests.bridge_harness import BridgeSetup, secret_of, webhook
 from tests.kafka_helpers import consume, wait_for
 from tests.ledger import DeadLetterReader
 from tests.receiver import Answer, Receiver, always, fail_first
@@ -57,7 +57,7 @@ def test_delivers_signed_notifications_only_for_chosen_events(
     assert json.loads(failed_only.body)["event"] == "transaction.failed"
     assert receiver.on("/other") == []
     for request in receiver.on("/all"):
-        secret = b"secret-of-all"
+        secret = secret_of("all").encode()
         expected = hmac.new(secret, request.body, hashlib.sha256).hexdigest()
         assert request.headers["x-service-secret"] == expected
         assert request.headers["content-type"] == "application/json"

@@ -879,6 +879,15 @@ def test_a_message_masks_16_characters_of_a_secret_in_a_row(tmp_path: Path) -> N
     assert part not in problem and "***" in problem, problem
 
 
+@pytest.mark.parametrize("joint", ["  ", "=", " = "])
+def test_a_secret_keys_value_in_the_key_itself_is_masked(tmp_path: Path, joint: str) -> None:
+    """Found by the loader's fuzz test (a flipped colon in a flow mapping): the key and its value
+    make one key, shown as an unknown key's name; the value is masked there."""
+    text = f"schemas: {{registry_password{joint}{PLANTED}}}\n" + webhook_yaml()
+    problem = only_problem(write(tmp_path, text))
+    assert "unknown key" in problem and PLANTED not in problem, problem
+
+
 def test_an_environment_reference_is_not_a_secret_to_mask(tmp_path: Path) -> None:
     """``${NAME}`` names a variable: a message may say which one is unset (its value, when it
     is set, is the secret)."""
