@@ -849,11 +849,6 @@ def _shown(content: _Content) -> str:
     )
 
 
-def _holds_any(text: str, secrets: Iterable[str]) -> bool:
-    """Whether ``text`` holds one of ``secrets`` (as :class:`_Secrets` means it)."""
-    return _Secrets(secrets).found_in(text)
-
-
 def _may_note(segment: str) -> bool:
     """Whether a webhook's text may be noted in :attr:`Reuse.texts`: nothing in it refers to the
     rest of the document (an anchor, an alias, a tag, whose handle a directive may define) or
@@ -1395,7 +1390,7 @@ class _Secrets:
         # text holds the window, which is seldom).
         self._index: dict[str, str | set[str]] = {}
         # A shared window met in a text: the secrets holding it, keyed by the strings around it
-        # (see :meth:`_split`); dropped when another secret shares it.
+        # (see :meth:`_split`); a secret that comes later is keyed into it (:meth:`_sample`).
         self._splits: dict[str, _Split] = {}
         # Windows met at more than _MOST_PLACEMENTS places of one secret (see _TooAlike).
         self._alike: set[str] = set()
@@ -1457,8 +1452,7 @@ class _Secrets:
         count holds ``min(len(secret), _needed(secret), 24)`` characters of the secret in a row
         around the window, at one of at most 17 places: each placement of the window in a secret
         is keyed by those strings, by their length, and a text is looked up by the same few
-        strings.
-        (Secrets made from one template share windows, and a long common prefix: each of
+        strings. (Secrets made from one template share windows, and a long common prefix: each of
         thousands would be measured at each hit.)"""
         split: _Split = {}
         for secret in secrets:
@@ -2355,8 +2349,8 @@ class _Loader:
         if reuse is None:
             return
         held = self._secrets.held()  # (settled last: every secret of the load is known)
-        if self._uncomposed_shown and _holds_any(
-            "\n".join(self._uncomposed_shown), held - reuse.secrets
+        if self._uncomposed_shown and _Secrets(held - reuse.secrets).found_in(
+            "\n".join(self._uncomposed_shown)
         ):
             raise _Recompose
         found_in = self._secrets.found_in

@@ -955,10 +955,10 @@ def test_a_periodic_secrets_window_makes_a_text_too_alike_to_measure() -> None:
     assert index.scrub("near ordinary-secret-value-0 and ab") == "near *** and ab"
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
-    """A list that grows by one at each call of ``loader.<name>`` (a function or a method)."""
+def _counting(monkeypatch: pytest.MonkeyPatch, owner: object, attribute: str) -> list[int]:
+    """A list that grows by one at each call of ``owner.<attribute>`` (a module's function or a
+    class's method)."""
     calls: list[int] = []
-    owner, attribute = (loader._Secrets, name[1:]) if name.startswith(".") else (loader, name)
     real = getattr(owner, attribute)
 
     def counted(*args: object, **kwargs: object) -> object:
@@ -978,7 +978,7 @@ def test_measuring_is_bounded_by_the_length_of_the_text(monkeypatch: pytest.Monk
     shared = "sk-shared-template-prefix-0123456789abcd"
     index = _Secrets([f"{shared}{n:06d}" for n in range(2000)])
     text = f"bad value {shared}!"
-    agreements = _counting(monkeypatch, "_agreement")
+    agreements = _counting(monkeypatch, loader, "_agreement")
     assert index.scrub(text) == "***"
     assert len(agreements) <= 2 * (_WORK_BASE + _WORK_PER_CHARACTER * len(text))
 
@@ -993,7 +993,7 @@ def test_long_secrets_sharing_16_characters_are_told_apart_by_their_need(
 
     shared = "Q7mZ-common-16ch"
     index = _Secrets([shared + f"{n:x}".rjust(284, "0") for n in range(2000)])
-    agreements = _counting(monkeypatch, "_agreement")
+    agreements = _counting(monkeypatch, loader, "_agreement")
     assert not index.found_in(f"https://hooks.example.com/{shared}/1")
     assert index.scrub(f"at {shared}/1") == f"at {shared}/1"
     assert agreements == []
@@ -1008,7 +1008,7 @@ def test_a_shared_window_is_split_once_however_many_secrets_come_after(
     one template, 132 s); it is kept and each new secret keyed into it."""
     from bridge.config.loader import _Secrets
 
-    splits = _counting(monkeypatch, "._split")
+    splits = _counting(monkeypatch, loader._Secrets, "_split")
     index = _Secrets()
     for n in range(1000):
         index.add(f"sk_live_{n:012d}")
