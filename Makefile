@@ -18,6 +18,7 @@ setup: $(STAMP) kafka-jars registry-jars prometheus-tools helm-tools net-tools
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check bridge devtools tests deploy
+	$(VENV)/bin/ruff format --check bridge devtools tests deploy
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

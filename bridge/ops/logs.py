@@ -147,9 +147,7 @@ class BackgroundHandler(logging.Handler):
     before it is queued (its message rendered, its traceback formatted): it keeps no frame, and
     no frame's locals, alive while it waits."""
 
-    def __init__(
-        self, formatter: logging.Formatter, fd: int = 2, limit: int = QUEUE_LIMIT
-    ) -> None:
+    def __init__(self, formatter: logging.Formatter, fd: int = 2, limit: int = QUEUE_LIMIT) -> None:
         super().__init__()
         self.setFormatter(formatter)
         self._fd = fd

@@ -808,9 +808,7 @@ def test_a_field_that_is_shown_never_holds_a_secrets_value(
 
 def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
     text = webhook_yaml(secret=PLANTED, url=f"https://shop.example.com/hooks/{PLANTED}")
-    assert only_problem(write(tmp_path, text)) == (
-        f"{SHOP} 'url': {SHOWN_SECRET}"
-    )
+    assert only_problem(write(tmp_path, text)) == f"{SHOP} 'url': {SHOWN_SECRET}"
 
 
 SHOWN_PART = 16  # what the loader's messages say: "16 characters of one in a row"
@@ -841,7 +839,7 @@ def test_a_shown_field_holding_16_characters_of_a_secret_in_a_row_is_refused(
 def test_a_shown_field_holding_15_characters_of_a_secret_in_a_row_is_kept(tmp_path: Path) -> None:
     """One character short of the part that counts: the field is the account holder's to
     choose (a secret may well share a word with it)."""
-    part = PLANTED[:SHOWN_PART - 1]
+    part = PLANTED[: SHOWN_PART - 1]
     text = webhook_yaml(secret=f"'{PLANTED}'", account=f"'acct-{part}'")
     assert load_config(write(tmp_path, text)).webhooks[0].account == f"acct-{part}"
 
@@ -886,6 +884,15 @@ def test_a_secret_keys_value_in_the_key_itself_is_masked(tmp_path: Path, joint: 
     text = f"schemas: {{registry_password{joint}{PLANTED}}}\n" + webhook_yaml()
     problem = only_problem(write(tmp_path, text))
     assert "unknown key" in problem and PLANTED not in problem, problem
+
+
+@pytest.mark.parametrize("joint", ["\t", " \t", "=\t", "\t="])
+def test_a_tab_between_a_secret_key_and_its_value_shows_neither(tmp_path: Path, joint: str) -> None:
+    """A tab there is not YAML: the message names the character, not the text around it."""
+    text = f"schemas: {{registry_password{joint}{PLANTED}}}\n" + webhook_yaml()
+    problem = only_problem(write(tmp_path, text))
+    assert "invalid YAML" in problem and "'\\t'" in problem, problem
+    assert PLANTED[:SHOWN_PART] not in problem and PLANTED[-SHOWN_PART:] not in problem, problem
 
 
 def test_an_environment_reference_is_not_a_secret_to_mask(tmp_path: Path) -> None:
