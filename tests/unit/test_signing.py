@@ -30,8 +30,10 @@ from standardwebhooks.webhooks import Webhook as StandardWebhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from bridge import __version__
+from bridge.core import signing
 from bridge.core.signing import (
     build_headers,
+    hmac_sha256,
     message_id,
     standard_webhooks_key,
     standard_webhooks_secrets,
@@ -233,3 +235,66 @@ def test_message_id_is_the_documented_base32_of_the_digest(
     digest = hashlib.sha256(material.encode()).digest()[:20]
     expected = "msg_" + base64.b32encode(digest).decode("ascii").lower()
     assert message_id(transaction_id, event, webhook_id) == expected
+
+
+# ---- HMAC holding the GIL ----------------------------------------------------------------------
+
+GIL_FREE_UPDATE = 2047  # CPython 3.11's hashlib releases the GIL for an update of 2,048 bytes
+
+
+@given(
+    key=st.binary(max_size=200),
+    parts=st.lists(
+        st.one_of(
+            st.binary(max_size=64),
+            st.integers(2040, 9000).map(
+                lambda n: bytes(range(256)) * (n // 256) + b"x" * (n % 256)
+            ),
+        ),
+        max_size=4,
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_hmac_sha256_is_the_hmac_of_the_parts_joined(key: bytes, parts: list[bytes]) -> None:
+    assert hmac_sha256(key, *parts) == hmac.digest(key, b"".join(parts), "sha256")
+
+
+_REAL_HMAC_NEW = hmac.new
+
+
+class _RecordingMac:
+    """Stands in for ``hmac.new``'s object: notes how many bytes each update hands OpenSSL."""
+
+    def __init__(self, key: bytes, digestmod: str) -> None:
+        self.real = _REAL_HMAC_NEW(key, digestmod=digestmod)
+        self.updates: list[int] = []
+        made.append(self)
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.updates.append(len(data))
+        self.real.update(data)
+
+    def digest(self) -> bytes:
+        return self.real.digest()
+
+
+made: list[_RecordingMac] = []
+
+
+@pytest.mark.parametrize("size", [0, 400, GIL_FREE_UPDATE, GIL_FREE_UPDATE + 1, 2 * 2048, 70_001])
+def test_signing_never_hands_hashlib_an_update_that_releases_the_gil(
+    monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """The invariant behind ``hmac_sha256``: no one-shot ``hmac.digest`` (which releases the GIL
+    on every call) and no update of 2,048 bytes or more, for any body, so a delivery's two
+    signatures never wait for the Kafka client's threads to give the GIL back."""
+    body = bytes(size)
+    expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    monkeypatch.setattr(signing.hmac, "digest", None)  # any call fails the test
+    monkeypatch.setattr(signing.hmac, "new", _RecordingMac)
+    made.clear()
+    headers = build_headers(webhook("s3cret"), "msg_1", 1_700_000_000, body)
+    assert headers["x-service-secret"] == expected
+    assert len(made) == 2  # x-service-secret and webhook-signature
+    for mac in made:
+        assert sum(mac.updates) >= size and max(mac.updates) <= GIL_FREE_UPDATE, mac.updates
