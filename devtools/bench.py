@@ -678,6 +678,19 @@ def scenario_latency(stage: Stage, rate: float, seconds: float) -> dict[str, Any
     }
 
 
+def scenario_latency_rounds(
+    stage: Stage, rate: float, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """:func:`scenario_latency` ``rounds`` times, a bridge of its own each time: the medians,
+    ``p99_ms_worst`` (the slowest round's p99: issue 21 asks for p99 under 10 ms in every round,
+    not only the best one) and every round."""
+    done = []
+    for number in range(1, rounds + 1):
+        _say(f"latency round {number}/{rounds}")
+        done.append(scenario_latency(stage, rate, seconds))
+    return {**_median_of(done), "p99_ms_worst": max(r["p99_ms"] for r in done)}
+
+
 def _wait_assigned(stage: Stage, topic: str) -> None:
     """Wait until the bridge consumes: one probe record, then its committed offset."""
     stage.produce_backlog(topic, 1, "acct_warmup")
@@ -1009,6 +1022,7 @@ class Sizes:
     fanout_backlog: int = 100_000
     peer_seconds: float = 10.0
     latency_seconds: float = 30.0
+    latency_rounds: int = 3
     retry_records: int = 200
     isolation_seconds: float = 20.0
     isolation_rounds: int = 3
@@ -1024,6 +1038,7 @@ QUICK = Sizes(
     fanout_backlog=2_000,
     peer_seconds=3.0,
     latency_seconds=5.0,
+    latency_rounds=1,
     retry_records=20,
     isolation_seconds=5.0,
     isolation_rounds=1,
@@ -1046,6 +1061,10 @@ TARGETS: dict[str, Callable[[dict[str, Any]], bool]] = {
         >= 0.95 * r["throughput_metrics_off"]["deliveries_per_s"]
     ),
     "p99 end-to-end at 1,000/s < 25 ms": lambda r: r["latency"]["p99_ms"] < 25,
+    "p99 end-to-end at 1,000/s < 10 ms in every round": lambda r: r["latency"]["p99_ms_worst"] < 10,
+    "split placement: p99 end-to-end at 1,000/s < 10 ms in every round": lambda r: (
+        r["split_latency"]["p99_ms_worst"] < 10
+    ),
     "no retry early; p99 lateness < 100 ms": lambda r: (
         r["retry_timing"]["earliest_ms"] >= 0 and r["retry_timing"]["all"]["p99_ms"] < 100
     ),
@@ -1152,8 +1171,19 @@ def run(sizes: Sizes, only: set[str] | None, workdir: Path) -> dict[str, Any]:
             fan_ids = stage.produce_backlog(fan_topic, sizes.fanout_backlog, "acct_bench")
             results["throughput_fanout3"] = scenario_throughput(stage, fan_topic, fan_ids, 3, True)
         if wanted("latency"):
+            if not wanted("throughput"):  # a fresh broker compiles its code for about a minute
+                _say("warming the broker up with a latency round (not reported)")
+                scenario_latency(stage, 1000, sizes.latency_seconds)
             _say("latency at 1,000 records/s")
-            results["latency"] = scenario_latency(stage, 1000, sizes.latency_seconds)
+            results["latency"] = scenario_latency_rounds(
+                stage, 1000, sizes.latency_seconds, sizes.latency_rounds
+            )
+            if (os.cpu_count() or 1) >= 2:
+                _say("latency again, the bridge on a CPU of its own (split placement)")
+                with split_placement(stage, stage.broker_pid):
+                    results["split_latency"] = scenario_latency_rounds(
+                        stage, 1000, sizes.latency_seconds, sizes.latency_rounds
+                    )
         if wanted("config"):
             from devtools.bench_config import scenario_config_load
 
