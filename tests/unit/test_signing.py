@@ -22,6 +22,7 @@ import base64
 import hashlib
 import hmac
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -259,16 +260,12 @@ def test_hmac_sha256_is_the_hmac_of_the_parts_joined(key: bytes, parts: list[byt
     assert hmac_sha256(key, *parts) == hmac.digest(key, b"".join(parts), "sha256")
 
 
-_REAL_HMAC_NEW = hmac.new
-
-
 class _RecordingMac:
-    """Stands in for ``hmac.new``'s object: notes how many bytes each update hands OpenSSL."""
+    """Wraps an HMAC object: notes how many bytes each update hands OpenSSL."""
 
-    def __init__(self, key: bytes, digestmod: str) -> None:
-        self.real = _REAL_HMAC_NEW(key, digestmod=digestmod)
+    def __init__(self, real: Any) -> None:
+        self.real = real
         self.updates: list[int] = []
-        made.append(self)
 
     def update(self, data: bytes | memoryview) -> None:
         self.updates.append(len(data))
@@ -276,9 +273,6 @@ class _RecordingMac:
 
     def digest(self) -> bytes:
         return self.real.digest()
-
-
-made: list[_RecordingMac] = []
 
 
 @pytest.mark.parametrize("size", [0, 400, GIL_FREE_UPDATE, GIL_FREE_UPDATE + 1, 2 * 2048, 70_001])
@@ -290,9 +284,15 @@ def test_signing_never_hands_hashlib_an_update_that_releases_the_gil(
     signatures never wait for the Kafka client's threads to give the GIL back."""
     body = bytes(size)
     expected = hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    made: list[_RecordingMac] = []
+    real_new = hmac.new
+
+    def recording_new(key: bytes, digestmod: str) -> _RecordingMac:
+        made.append(_RecordingMac(real_new(key, digestmod=digestmod)))
+        return made[-1]
+
     monkeypatch.setattr(signing.hmac, "digest", None)  # any call fails the test
-    monkeypatch.setattr(signing.hmac, "new", _RecordingMac)
-    made.clear()
+    monkeypatch.setattr(signing.hmac, "new", recording_new)
     headers = build_headers(webhook("s3cret"), "msg_1", 1_700_000_000, body)
     assert headers["x-service-secret"] == expected
     assert len(made) == 2  # x-service-secret and webhook-signature
