@@ -63,8 +63,12 @@ Behaviour a receiver and an operator can rely on:
   ``invalid_response``; so is a response still without its end after ``2 * header_limit + 8 *
   body_limit`` bytes (chunk extensions, chunk sizes padded with zeros and trailers count, which
   neither limit sees), or in more pieces than :data:`READS_PER_RESPONSE` and one per KiB (a
-  head sent a byte per segment), unless its body already passed ``body_limit`` (the status
-  stands).
+  head sent a byte per segment), or in more parts than :data:`PARTS_PER_RESPONSE` (header
+  fields, trailers, body pieces, interim answers: each a call into Python), or with more than
+  ``header_limit`` bytes of head and trailers, unless its body already passed ``body_limit``
+  (the status stands). The parser is never given more than the response's bytes bound.
+- A connection taken from the pool carries a request only if nothing waits for it, in its
+  socket or, over TLS, in its TLS layer (the start of a record: :meth:`_Connection.quiet`).
 - :meth:`HttpClient.post` returns a status or raises :class:`HttpError`, whatever the input and
   whatever the server sends; only cancellation passes through as ``asyncio.CancelledError``.
 """
@@ -87,7 +91,7 @@ from bridge.core.errors import DestinationRefusedError
 from bridge.core.urls import UrlError, parse_webhook_url
 from bridge.core.webhook import TlsSettings
 from bridge.http.resolver import SafeResolver
-from bridge.http.tls import ResumingContext, make_context
+from bridge.http.tls import BoundedSSLObject, ResumingContext, make_context
 
 # poll() says without blocking whether a socket holds unread bytes or an end of stream: one
 # system call (the sockets transports expose have no recv() in asyncio 3.11+ or uvloop, and a
@@ -99,6 +103,13 @@ READS_PER_RESPONSE: Final = 256
 received. Each costs a turn of the event loop and a parse, about 5 µs: a head of 60 KB sent a
 byte per segment cost 0.32 s of CPU, and was a status. An answer comes in a few pieces, a large
 body (``response_body_limit_bytes`` goes to 10 MB) in about one per read buffer."""
+
+PARTS_PER_RESPONSE: Final = 8192
+"""Header fields, trailers, body pieces and interim answers an exchange may bring in all. Each
+costs a call from the parser into Python, 0.2-0.4 µs: trailers of four bytes each (``a:``), as
+many as the byte bound let through, cost 18-41 ms per request, and 127 ms with a body cap of
+1 MiB sent in one-byte chunks (docs/PERFORMANCE.md). A real answer has tens of them; a body
+under the default 4 KiB cap fits even in one-byte chunks."""
 
 TRIM_EVERY = 1000
 """TLS connections closed between two requests to glibc to give back the memory they freed."""
@@ -271,9 +282,11 @@ class _Connection(asyncio.Protocol):
         self.response_limit = 2 * header_limit + 8 * body_limit
         self.response_bytes = 0
         self.reads = 0  # the pieces this response came in: each costs a turn of the loop
+        self.parts = 0  # header fields, trailers, body pieces and messages parsed (each a call)
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.poller: select.poll | None = None  # this socket, for reading without reading
+        self.tls_object: BoundedSSLObject | None = None  # its TLS layer, for the same
         # Made in connection_made: its callbacks hold this connection (a reference cycle that
         # connection_lost breaks), and a connection never made is never lost.
         self.parser: httptools.HttpResponseParser
@@ -306,6 +319,7 @@ class _Connection(asyncio.Protocol):
         self.timeout = timeout
         self.timer = self.loop.call_at(deadline, self._expire)
         self.status = self.header_bytes = self.body_bytes = self.response_bytes = self.reads = 0
+        self.parts = 0
         self.complete = self.capped = False
         self.busy = True
         self.exchanges += 1
@@ -314,11 +328,16 @@ class _Connection(asyncio.Protocol):
 
     def quiet(self) -> bool:
         """Whether the idle connection can carry a request: still open, and nothing (no byte, no
-        end of stream, no error) waiting in its socket, checked without blocking."""
+        end of stream, no error) waiting in its socket, checked without blocking, nor in its TLS
+        layer (the start of a record whose end has not come: an answer staged before the
+        request, all but its last byte)."""
         transport = self.transport
         if self.closed or transport is None or transport.is_closing():
             return False
-        return self.poller is None or not self.poller.poll(0)
+        if self.poller is not None and self.poller.poll(0):
+            return False
+        tls = self.tls_object
+        return tls is None or not tls.holds_bytes()
 
     def _expire(self) -> None:
         self.timer = None
@@ -362,11 +381,20 @@ class _Connection(asyncio.Protocol):
         if sock is not None and _POLL is not None:
             self.poller = _POLL()
             self.poller.register(sock.fileno(), select.POLLIN)
+        tls = transport.get_extra_info("ssl_object")
+        if isinstance(tls, BoundedSSLObject):
+            self.tls_object = tls
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:
             self.abort()  # bytes nobody asked for: the connection cannot be trusted any more
             return
+        # Never parse past the bound, whatever one read brings (up to 256 KiB): what the
+        # response may still bring is parsed, the rest ends it below.
+        room = self.response_limit - self.response_bytes
+        over = len(data) > room
+        if over:
+            data = data[:room]
         self.response_bytes += len(data)  # (while the status is unknown: all of them the head's)
         self.reads += 1
         try:
@@ -376,7 +404,7 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:  # llhttp's errors, our _Stop (wrapped by httptools), any bug
             problem = self.problem or f"malformed HTTP response: {exc}"[:200]
         else:
-            if self.complete:  # exactly one complete response, nothing after it
+            if self.complete and not over:  # exactly one complete response, nothing after it
                 self._settle()
                 if self.sessions is not None:
                     self._keep_session()
@@ -385,9 +413,11 @@ class _Connection(asyncio.Protocol):
                 else:
                     self.abort()
                 return
-            if self.status == 0 and max(self.response_bytes, self.header_bytes) > self.header_limit:
+            if self.complete:  # and bytes after it, past what it could be
+                problem = "bytes after the response (a second response?)"
+            elif self.status == 0 and self.response_bytes > self.header_limit:
                 problem = f"response head larger than {self.header_limit} bytes"
-            elif self.response_bytes > self.response_limit:
+            elif over:
                 problem = f"response longer than {self.response_limit} bytes without its end"
             elif self.reads > READS_PER_RESPONSE + (self.response_bytes >> 10):
                 problem = f"response in {self.reads} pieces without its end"
@@ -426,7 +456,7 @@ class _Connection(asyncio.Protocol):
         # under connection churn, hundreds of dead TLS connections at a time). The transport
         # calls nothing on its protocol after this.
         self.transport = None
-        self.poller = None
+        self.poller = self.tls_object = None
         self.sessions = None
         with contextlib.suppress(AttributeError):  # (made in connection_made, which the
             del self.parser  # transports always call first: kept safe should one not)
@@ -454,14 +484,31 @@ class _Connection(asyncio.Protocol):
 
     # ---- httptools callbacks ---------------------------------------------------------------
 
+    def _part(self) -> None:
+        """One more part parsed: past :data:`PARTS_PER_RESPONSE` the response is refused."""
+        self.parts += 1
+        if self.parts > PARTS_PER_RESPONSE:
+            self.problem = (
+                f"response in more than {PARTS_PER_RESPONSE} parts (header fields, trailers, "
+                "body pieces, interim answers)"
+            )
+            raise _Stop
+
     def on_message_begin(self) -> None:
         if self.complete:
             self.problem = "bytes after the response (a second response?)"
             raise _Stop
+        self._part()
         self.framed = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_bytes += len(name) + len(value)
+        self._part()
+        # (a field's name and value, and at least its colon and line end: the bytes it took)
+        self.header_bytes += len(name) + len(value) + 3
+        if self.header_bytes > self.header_limit:  # the head, and its trailers after the body
+            what = "head and trailers" if self.status else "head"
+            self.problem = f"response {what} larger than {self.header_limit} bytes"
+            raise _Stop
         if len(name) == 14 or len(name) == 17:
             lowered = name.lower()
             if lowered == b"content-length" or lowered == b"transfer-encoding":
@@ -484,6 +531,7 @@ class _Connection(asyncio.Protocol):
             self.status = status  # an interim answer (103 Early Hints...) is skipped
 
     def on_body(self, body: bytes) -> None:
+        self._part()
         self.body_bytes += len(body)
         if self.body_bytes > self.body_limit and self.status != 0:
             self.complete = self.capped = True  # the receiver answered: the status stands

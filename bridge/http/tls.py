@@ -239,6 +239,15 @@ class BoundedSSLObject(ssl.SSLObject):
             return given
         return 0
 
+    def holds_bytes(self) -> bool:
+        """Whether bytes from the receiver wait here: a record, or the start of one, not given to
+        OpenSSL yet, or bytes or data OpenSSL has not handed on. On an idle connection they are
+        bytes nobody asked for (see ``_Connection.quiet``)."""
+        outer, inner = self._outer, self._inner
+        if outer is None or inner is None:
+            return bool(self.pending())
+        return bool(self._held or outer.pending or inner.pending or self._sslobj.pending())
+
     def _admit(self, kind: int, size: int) -> None:
         """After a TLS 1.2 handshake a handshake record can only hold HelloRequests (4 bytes,
         each answered by an alert: about 3 µs); one record may pack 4,096 of them."""
