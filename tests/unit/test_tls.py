@@ -760,3 +760,152 @@ def test_a_session_with_a_large_certificate_is_not_kept(
     assert not client.wants_session("127.0.0.1")
     again = connect(MemoryEnd(client, False, "127.0.0.1"), MemoryEnd(server, True))
     assert not again.session_reused
+
+
+class ManualServer:
+    """The server end of one TLS connection on a real socket, its records made by hand: the
+    test decides when each byte of them is sent."""
+
+    def __init__(
+        self, context: ssl.SSLContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.end = MemoryEnd(context, server_side=True)
+        self.reader, self.writer = reader, writer
+        self.plain = b""
+
+    async def send(self, raw: bytes) -> None:
+        self.writer.write(raw)
+        await self.writer.drain()
+
+    async def _receive(self) -> None:
+        data = await self.reader.read(65536)
+        if not data:
+            raise ConnectionError("the client closed")
+        self.end.incoming.write(data)
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self.end.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self.send(self.end.outgoing.read())
+                await self._receive()
+        await self.send(self.end.outgoing.read())
+
+    async def request(self) -> None:
+        """Read one request, head and body (Content-Length)."""
+        while True:
+            with contextlib.suppress(ssl.SSLWantReadError):
+                while True:
+                    self.plain += self.end.tls.read(65536)
+            head, found, rest = self.plain.partition(b"\r\n\r\n")
+            if found:
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                if len(rest) >= length:
+                    self.plain = rest[length:]
+                    return
+            await self._receive()
+
+    def sealed(self, data: bytes) -> bytes:
+        """The TLS records carrying ``data`` (not sent)."""
+        self.end.tls.write(data)
+        return self.end.outgoing.read()
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_an_answer_staged_in_the_tls_layer_while_idle_is_never_the_next_answer(
+    ca: trustme.CA, files: dict[str, str], event_loop: str
+) -> None:
+    """After its first answer the receiver sends, while the connection is idle, all but the
+    last byte of a record holding a complete answer, and the last byte only once the next
+    request came. The bytes wait in the TLS layer, not the socket, and no HTTP parser sees them
+    before the request: the connection must not carry it (one exchange per connection), so the
+    second request goes on a new connection and gets that connection's answer."""
+    stale = b"HTTP/1.1 299 Staged\r\nContent-Length: 0\r\n\r\n"
+    connections: list[int] = []
+    staged: asyncio.Event | None = None  # (made in main: each event loop its own)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        server = ManualServer(server_context(ca), reader, writer)
+        try:
+            await server.handshake()
+            await server.request()
+            if len(connections) > 1:  # a new connection for the second request: answered
+                await server.send(server.sealed(ANSWER))
+                await server.request()
+                return
+            await server.send(server.sealed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+            record = server.sealed(stale)  # (made before any second request exists)
+            await server.send(record[:-1])
+            assert staged is not None
+            staged.set()
+            await server.request()  # the second request, if it came on this connection
+            await server.send(record[-1:])
+            await server.request()
+        except (OSError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> list[Outcome]:
+        nonlocal staged
+        staged = asyncio.Event()
+        listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        sender = HttpSender(DestinationPolicy(allow_private=True))
+        settings = TlsSettings(ca_file=files["ca"])
+        request = DeliveryRequest(f"https://127.0.0.1:{port}/hook", {}, b"{}", settings)
+        try:
+            first = await sender.send(request, 3.0)
+            await asyncio.wait_for(staged.wait(), 5.0)
+            await asyncio.sleep(0.05)  # the staged bytes reach the client's TLS layer
+            return [first, await sender.send(request, 3.0)]
+        finally:
+            await sender.close()
+            listener.close()
+
+    if event_loop == "uvloop":
+        import uvloop
+
+        outcomes = uvloop.run(main())
+    else:
+        outcomes = asyncio.run(main())
+    assert [outcome.status for outcome in outcomes] == [200, 204], outcomes
+    assert len(connections) == 2
+
+
+def test_the_tls_layer_says_when_bytes_wait_in_it(ca: trustme.CA, files: dict[str, str]) -> None:
+    """``holds_bytes``: a record's start not given to OpenSSL yet, or a whole record not read,
+    is bytes waiting; once the data is read, nothing is."""
+    client = MemoryEnd(make_context(TlsSettings(ca_file=files["ca"])), False, "127.0.0.1")
+    server = MemoryEnd(server_context(ca), True)
+    bounded = connect(client, server)
+    assert isinstance(bounded, tls.BoundedSSLObject)
+    assert not bounded.holds_bytes()
+    server.tls.write(b"answer")
+    record = server.outgoing.read()
+    for cut in (1, 4, 5, len(record) - 1):  # in the header, at its end, in the body
+        client.incoming.write(record[:cut])
+        with contextlib.suppress(ssl.SSLWantReadError):
+            bounded.read(1024)
+        assert bounded.holds_bytes(), cut
+        client.incoming.write(record[cut:])
+        assert bounded.holds_bytes()
+        assert bounded.read(1024) == b"answer"
+        assert not bounded.holds_bytes()
+        server.tls.write(b"answer")
+        record = server.outgoing.read()
+    client.incoming.write(record)
+    assert bounded.read(3) == b"ans"  # OpenSSL holds the rest of the data
+    assert bounded.holds_bytes()
+    assert bounded.read(1024) == b"wer"
+    assert not bounded.holds_bytes()
