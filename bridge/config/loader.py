@@ -65,6 +65,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from bridge.config.digest import keyed_digest
 from bridge.config.directory import config_files, listing_digest
+from bridge.config.files import FileRefused, read_regular_file
 from bridge.config.segments import Layout, agrees, layout
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError
@@ -307,10 +308,6 @@ def _result(loader: _Loader, path: Path, config: Config | None) -> Config:
     return config
 
 
-class _TooLarge(Exception):
-    """A file is larger than its limit."""
-
-
 class _Unreadable(Exception):
     """A configuration file that cannot be read; the message says why (never with the path)."""
 
@@ -322,15 +319,13 @@ class _Unreadable(Exception):
 def _read_config_file(file: Path, limit: int) -> bytes:
     """The bytes of one configuration file, or _Unreadable."""
     try:
-        return _read_limited(file, limit)
-    except _TooLarge:
-        size = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
-        reason = f"the file is larger than {size} MiB; is it the configuration file?"
-        raise _Unreadable(reason, too_large=True) from None
-    except OSError as exc:
-        raise _Unreadable(f"cannot read the file: {exc.strerror or type(exc).__name__}") from None
-    except ValueError:  # a NUL byte or an unencodable character in the path
-        raise _Unreadable("cannot read the file: invalid path") from None
+        return read_regular_file(file, limit)
+    except FileRefused as exc:
+        if exc.too_large:
+            size = CONFIG_FILE_LIMIT_BYTES // (1024 * 1024)
+            reason = f"the file is larger than {size} MiB; is it the configuration file?"
+            raise _Unreadable(reason, too_large=True) from None
+        raise _Unreadable(f"cannot read the file: {exc.reason}") from None
 
 
 _collector_lock = threading.Lock()
@@ -362,15 +357,6 @@ def collector_paused() -> Iterator[None]:
             _collector_pausers -= 1
             if _collector_pausers == 0 and _collector_was_enabled:
                 gc.enable()
-
-
-def _read_limited(path: Path, limit: int) -> bytes:
-    """The bytes of a file, or _TooLarge past ``limit`` (never reads more than limit + 1 bytes)."""
-    with path.open("rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise _TooLarge
-    return data
 
 
 # Validation machinery: converters turn a YAML value into a field value or raise _Invalid.
@@ -2228,17 +2214,13 @@ class _Loader:
         kind = "secret file" if credential else "file"
         shown = _clip(path, 200)
         try:
-            data = _read_limited(Path(path), SECRET_FILE_LIMIT_BYTES)
-        except _TooLarge:
+            data = read_regular_file(Path(path), SECRET_FILE_LIMIT_BYTES)
+        except FileRefused as exc:
             limit = SECRET_FILE_LIMIT_BYTES // 1024
-            self.problem(node, where, f"{kind} {shown} is larger than {limit} KiB")
-            return None
-        except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            self.problem(node, where, f"cannot read {kind} {shown}: {reason}")
-            return None
-        except ValueError:
-            self.problem(node, where, f"cannot read {kind} {shown}: invalid path")
+            message = f"cannot read {kind} {shown}: {exc.reason}"
+            if exc.too_large:
+                message = f"{kind} {shown} is larger than {limit} KiB"
+            self.problem(node, where, message)
             return None
         self.sources.append((Path(path), sha256_hex(data)))
         value = data[:-2] if data.endswith(b"\r\n") else data.removesuffix(b"\n")

@@ -77,8 +77,14 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from bridge.config.digest import webhook_digest
-from bridge.config.directory import config_files, listing_digest
-from bridge.config.loader import Reuse, load_config
+from bridge.config.directory import config_files, is_config_name, listing_digest
+from bridge.config.files import FileRefused, read_regular_file
+from bridge.config.loader import (
+    CONFIG_FILE_LIMIT_BYTES,
+    SECRET_FILE_LIMIT_BYTES,
+    Reuse,
+    load_config,
+)
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
 from bridge.core.webhook import Webhook
@@ -102,14 +108,16 @@ _HEADER = struct.Struct(">4sQ")
 _StatKey = tuple[int, int, int, int, int]
 
 
-def _fingerprint(path: Path) -> str | None:
+def _fingerprint(path: Path, limit: int) -> str | None:
     """SHA-256 of the file's current content (following symlinks), or the signature of a
-    directory's listing (as the loader computes it); None when it cannot be read."""
+    directory's listing (as the loader computes it); None when it cannot be read as the loader
+    would read it (missing, not a regular file, larger than ``limit``): never more than
+    ``limit`` + 1 bytes are read, and a FIFO is never waited on."""
     try:
         if path.is_dir():
             return listing_digest(path)
-        return sha256_hex(path.read_bytes())
-    except (OSError, ValueError):
+        return sha256_hex(read_regular_file(path, limit))
+    except (OSError, ValueError, FileRefused):
         return None
 
 
@@ -123,9 +131,13 @@ def _stat_key(path: Path) -> _StatKey | None:
 
 class _Fingerprints:
     """The SHA-256 of each watched file, hashed again only when its ``stat`` moved (or when asked
-    for ``full``): a poll of unchanged files costs one ``stat`` each."""
+    for ``full``): a poll of unchanged files costs one ``stat`` each. ``limit_of`` says the
+    largest file the loader reads at a path."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, limit_of: Callable[[Path], int] = lambda _path: CONFIG_FILE_LIMIT_BYTES
+    ) -> None:
+        self._limit_of = limit_of
         self._known: dict[Path, tuple[_StatKey | None, str | None]] = {}
 
     def __call__(self, paths: Sequence[Path], full: bool) -> tuple[str | None, ...]:
@@ -135,7 +147,7 @@ class _Fingerprints:
             key = _stat_key(path)  # before reading: a change after it moves the key again
             seen = self._known.get(path)
             if full or seen is None or key is None or seen[0] != key:
-                seen = (key, _fingerprint(path))
+                seen = (key, _fingerprint(path, self._limit_of(path)))
             known[path] = seen
             digests.append(seen[1])
         self._known = known
@@ -178,7 +190,7 @@ class ConfigWatcher:
         self._attempted: tuple[str | None, ...] | None = None
         self._retry_at = 0.0
         self._hash_at = 0.0
-        self._fingerprints = _Fingerprints()
+        self._fingerprints = _Fingerprints(self._limit_of)
         self._loader = _IsolatedLoader(environ, current, primer) if isolated else None
         self.generation = 1  # configurations in force so far (the first one counts)
         self.applied_at = time.time()  # when the one in force was loaded or applied
@@ -269,6 +281,14 @@ class ConfigWatcher:
                 known = set(paths)
                 paths += [path for path in config_files(directory) if path not in known]
         return paths
+
+    def _limit_of(self, path: Path) -> int:
+        """The largest file the loader reads at ``path``: the configuration file or one of the
+        directory's, or else a secret file."""
+        config = self._current.path
+        if path == config or (path.parent == config and is_config_name(path.name)):
+            return CONFIG_FILE_LIMIT_BYTES
+        return SECRET_FILE_LIMIT_BYTES
 
     async def _settle(
         self, paths: Sequence[Path], seen: tuple[str | None, ...]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import os
 import time
 import unicodedata
 from pathlib import Path
@@ -21,6 +22,7 @@ from bridge.core.settings import (
     is_kafka_credential,
 )
 from bridge.core.webhook import Secret, Webhook
+from tests.special_files import NOT_REGULAR, make_sparse, make_special
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -674,6 +676,58 @@ def test_oversized_and_special_secret_files(tmp_path: Path) -> None:
     assert only_problem(path) == (
         f"{SHOP} 'secret_file': cannot read secret file {tmp_path}: Is a directory"
     )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
+def test_what_is_not_a_regular_file_is_refused_without_waiting(tmp_path: Path, kind: str) -> None:
+    reason = NOT_REGULAR[kind]
+    special = make_special(tmp_path / kind, kind)
+    if kind != "directory":  # (a directory is a configuration directory)
+        assert problems_of(special) == [f"{special}: cannot read the file: {reason}"]
+    path = write(tmp_path, webhook_yaml(secret=None, secret_file=str(special)))
+    assert only_problem(path) == (
+        f"{SHOP} 'secret_file': cannot read secret file {special}: {reason}"
+    )
+    text = f"kafka: {{properties: {{ssl.key.password: {{file: '{special}'}}}}}}\nwebhooks: []\n"
+    assert only_problem(write(tmp_path, text)) == (
+        f"field 'kafka.properties.ssl.key.password': cannot read secret file {special}: {reason}"
+    )
+    text = f"kafka: {{properties: {{ssl.ca.location: {{file: '{special}'}}}}}}\nwebhooks: []\n"
+    assert only_problem(write(tmp_path, text)) == (
+        f"field 'kafka.properties.ssl.ca.location': cannot read file {special}: {reason}"
+    )
+    folder = tmp_path / "config.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("webhooks: []\n")
+    (folder / "b.yaml").symlink_to(special)
+    assert problems_of(folder) == [f"{folder / 'b.yaml'}: cannot read the file: {reason}"]
+
+
+def test_no_file_is_read_past_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    huge = make_sparse(tmp_path / "huge", 1 << 40)
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, size: int) -> bytes:
+        reads.append(size)
+        return real_read(fd, size)
+
+    monkeypatch.setattr(os, "read", counted)
+    assert problems_of(huge) == [
+        f"{huge}: the file is larger than 64 MiB; is it the configuration file?"
+    ]
+    path = write(tmp_path, webhook_yaml(secret=None, secret_file=str(huge)))
+    assert only_problem(path) == f"{SHOP} 'secret_file': secret file {huge} is larger than 1024 KiB"
+    assert sum(reads) < 1000, "only the configuration files were read, not the 1 TiB one"
+    reads.clear()
+    # A file that grows after its size was looked at is read one byte past the limit, no further.
+    grows = write(tmp_path, "webhooks: []\n" + "#" * 2000 + "\n")
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((0o100644, *[0] * 9)))
+    monkeypatch.setattr(loader, "CONFIG_FILE_LIMIT_BYTES", 1024)
+    (problem,) = problems_of(grows)
+    assert problem.startswith(f"{grows}: the file is larger than")
+    assert sum(reads) == 1025
 
 
 def deep(levels: int) -> str:

@@ -29,6 +29,7 @@ from bridge.core.settings import Config, sha256_hex
 from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Secret, Webhook
 from tests.kubelet_volume import AtomicWriter
+from tests.special_files import NOT_REGULAR, make_sparse, make_special
 
 TEMPLATE = """\
 webhooks:
@@ -195,6 +196,87 @@ def test_a_secret_file_that_appears_later_completes_a_rejected_file(tmp_path: Pa
     asyncio.run(scenario())
     assert [c.webhooks[0].secret.reveal() for c in recorder.changes] == [b"arrived"]
     assert len(recorder.errors) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("which", "kind"),
+    [
+        (which, kind)
+        for which in ("config", "secret")
+        for kind in (*sorted(NOT_REGULAR), "oversized")
+        if (which, kind) != ("config", "directory")  # (that is a configuration directory)
+    ],
+)
+def test_a_file_swapped_for_one_the_loader_refuses_is_rejected_and_watching_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str, kind: str
+) -> None:
+    secret = tmp_path / "shop-secret"
+    secret.write_text("first\n")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text(secret=f"secret_file: {secret}"))
+    recorder = Recorder(path)
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, size: int) -> bytes:
+        reads.append(size)
+        return real_read(fd, size)
+
+    target = path if which == "config" else secret
+    if which == "config":
+        too_large = f"{path}: the file is larger than 64 MiB; is it the configuration file?"
+        refused = f"{path}: cannot read the file: {NOT_REGULAR.get(kind)}"
+    else:
+        field = f"{path}:6: webhook 'shop': field 'secret_file'"
+        too_large = f"{field}: secret file {secret} is larger than 1024 KiB"
+        refused = f"{field}: cannot read secret file {secret}: {NOT_REGULAR.get(kind)}"
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recorder.watcher.run())
+        try:
+            target.unlink()
+            if kind == "oversized":
+                make_sparse(target, 1 << 40)
+                monkeypatch.setattr(os, "read", counted)
+            else:
+                make_special(target, kind)
+            await wait_until(lambda: bool(recorder.errors))
+            monkeypatch.undo()
+            assert not task.done(), "the watcher's loop ended"
+            assert recorder.watcher.rejected == [too_large if kind == "oversized" else refused]
+            if target.is_dir():
+                target.rmdir()
+            else:
+                target.unlink()
+            target.write_text(
+                config_text(url="https://two.example/hook") if target == path else "second\n"
+            )
+            await wait_until(lambda: bool(recorder.changes))
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert sum(reads) < 1024 * 1024, "the 1 TiB file was neither hashed nor loaded"
+    assert len(recorder.errors) == 1 and recorder.watcher.rejected == []
+
+
+def test_the_watcher_hashes_no_file_past_the_limit_the_loader_reads(tmp_path: Path) -> None:
+    import bridge.config.reload as reload
+
+    small = tmp_path / "small"
+    small.write_text("s" * 1024)
+    fingerprints = reload._Fingerprints(lambda path: 1024 if path == small else 2048)
+    paths = [small, make_sparse(tmp_path / "big", 2049), make_special(tmp_path / "fifo", "fifo")]
+    assert fingerprints(paths, True) == (sha256_hex(b"s" * 1024), None, None)
+    small.write_text("s" * 1025)  # what cannot be read is None, as a missing file
+    assert fingerprints(paths, True) == (None, None, None)
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    path = tmp_path / "bridge.yaml"
+    path.write_text(config_text(secret=f"secret_file: {secret}"))
+    limit_of = Recorder(path).watcher._limit_of
+    assert (limit_of(path), limit_of(secret)) == (64 * 1024 * 1024, 1024 * 1024)
 
 
 def test_the_watcher_survives_failures_nobody_foresaw_and_applies_the_next_good_file(
@@ -866,6 +948,29 @@ def test_fixing_a_file_added_with_a_mistake_is_seen_at_once(
 
     asyncio.run(scenario())
     assert len(loads) == 2 and len(recorder.errors) == 1
+    assert [[w.id for w in c.webhooks] for c in recorder.changes] == [["one", "two"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_added_to_a_directory_is_rejected_and_its_replacement_applies(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "conf.d"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(VOLUME_BASE + volume_hooks("one"))
+    recorder = Recorder(folder)
+
+    async def scenario() -> None:
+        make_special(folder / "b.yaml", "fifo")
+        await recorder.watcher.poll()
+        assert recorder.watcher.rejected == [
+            f"{folder / 'b.yaml'}: cannot read the file: not a regular file (a FIFO)"
+        ]
+        (folder / "b.yaml").unlink()
+        (folder / "b.yaml").write_text(volume_hooks("two"))
+        await recorder.watcher.poll(retry_rejected=False)
+
+    asyncio.run(scenario())
     assert [[w.id for w in c.webhooks] for c in recorder.changes] == [["one", "two"]]
 
 
