@@ -454,6 +454,18 @@ def _quoted(value: str) -> str:
     return repr(_clip(value))
 
 
+def _line(node: Node | None) -> int | None:
+    """The 1-based line where ``node`` starts, for a problem's place; None when it has none in
+    the text (the empty mapping an empty file reads as, or no node at all)."""
+    mark = getattr(node, "start_mark", None)
+    return None if mark is None else int(mark.line) + 1
+
+
+def _place(file: str, line: int | None) -> str:
+    """``file:line``, or the file alone when the line is not known."""
+    return file if line is None else f"{file}:{line}"
+
+
 def _number(value: float) -> str:
     """A non-secret number for a message, without thousands of digits."""
     text = str(value)
@@ -1656,7 +1668,7 @@ class _Loader:
 
     def problem(self, node: Node | None, where: str, message: str) -> None:
         """Record a problem with a field or section, at the line of ``node``."""
-        self.report(None if node is None else node.start_mark.line + 1, f"{where}: {message}")
+        self.report(_line(node), f"{where}: {message}")
 
     def load(
         self, path: Path, documents: Sequence[tuple[_Source, bytes]], complete: bool = True
@@ -1692,7 +1704,7 @@ class _Loader:
                     self.problem(
                         key_node,
                         f"section '{key}'",
-                        f"also in {first[1]}:{first_key.start_mark.line + 1} (a section other "
+                        f"also in {_place(first[1], _line(first_key))} (a section other "
                         "than 'webhooks' may be in one file of the directory only)",
                     )
         sections = {}
@@ -2236,7 +2248,7 @@ class _Loader:
         """The webhooks of every ``webhooks`` list (one per file), joined in order; an id given
         twice is a problem naming where it was first given."""
         webhooks: list[Webhook] = []
-        first: dict[str, tuple[_Source, int]] = {}  # each id: its file and line
+        first: dict[str, tuple[_Source, int | None]] = {}  # each id: its file and line
         reuse = self.reuse
         context = b""  # what building a webhook reads besides its own YAML
         if reuse is not None:
@@ -2258,7 +2270,7 @@ class _Loader:
                 given_id = _given_id(item)
                 if (
                     given_id is not None
-                    and not self.duplicate(first, given_id, source, item.start_mark.line + 1)
+                    and not self.duplicate(first, given_id, source, _line(item))
                     and reuse is not None
                     and self.kept_node(item, given_id, reuse, context)
                 ):
@@ -2271,7 +2283,7 @@ class _Loader:
                 if webhook is None:
                     continue
                 # An id from a merge key (``<<: {id: ...}``) is known only now.
-                line = item.start_mark.line + 1
+                line = _line(item)
                 if given_id is None and self.duplicate(first, webhook.id, source, line):
                     continue
                 webhooks.append(webhook)
@@ -2280,7 +2292,11 @@ class _Loader:
         return tuple(webhooks)
 
     def duplicate(
-        self, first: dict[str, tuple[_Source, int]], webhook_id: str, source: _Source, line: int
+        self,
+        first: dict[str, tuple[_Source, int | None]],
+        webhook_id: str,
+        source: _Source,
+        line: int | None,
     ) -> bool:
         """Whether ``webhook_id`` (of the webhook at ``line``) was given before (reported,
         naming where); else it is noted as given here."""
@@ -2288,7 +2304,9 @@ class _Loader:
         if seen is None:
             first[webhook_id] = (source, line)
             return False
-        place = f"line {seen[1]}" if seen[0] == source else f"{seen[0][1]}:{seen[1]}"
+        place = _place(seen[0][1], seen[1])
+        if seen[0] == source:
+            place = "an earlier line" if seen[1] is None else f"line {seen[1]}"
         message = f"duplicate webhook id (first defined on {place})"
         self.report(line, f"webhook '{webhook_id}': field 'id': {message}")
         return True

@@ -474,6 +474,36 @@ def test_secret_values_never_appear_in_errors(tmp_path: Path) -> None:
     assert "hunter2 with spaces" not in str(caught.value)
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "\ufeff"])
+def test_an_empty_file_lacks_its_webhooks_section(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    assert problems_of(path) == [
+        f"{path}: section 'webhooks': missing (required; may be an empty list [])"
+    ]
+
+
+def test_every_problem_has_a_place_whatever_node_it_is_about() -> None:
+    """A node the loader makes itself (the empty mapping of an empty file) has no place in the
+    text: its problems name the file alone, never fail."""
+    from yaml.nodes import MappingNode
+
+    reader = loader._Loader("bridge.yaml", {})
+    made = MappingNode("tag:yaml.org,2002:map", [])
+    reader.problem(made, "section 'webhooks'", "missing")
+    first: dict[str, tuple[tuple[int, str], int | None]] = {}
+    source = (0, "bridge.yaml")
+    assert not reader.duplicate(first, "shop", source, loader._line(made))
+    assert reader.duplicate(first, "shop", source, 4)
+    assert reader.duplicate(first, "shop", (1, "other.yaml"), loader._line(made))
+    assert reader.problems == [
+        "bridge.yaml: section 'webhooks': missing",
+        "bridge.yaml: webhook 'shop': field 'id': duplicate webhook id (first defined on "
+        "bridge.yaml)",
+        "bridge.yaml:4: webhook 'shop': field 'id': duplicate webhook id (first defined on an "
+        "earlier line)",
+    ]
+
+
 def test_unreadable_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(tmp_path / "missing.yaml", {})
