@@ -466,9 +466,28 @@ def _place(file: str, line: int | None) -> str:
     return file if line is None else f"{file}:{line}"
 
 
+_WRITTEN_BITS: Final = 14_000
+"""An integer larger than this many bits (about 4,200 digits) is never written out in decimal:
+Python refuses past 4,300 digits (``sys.get_int_max_str_digits``), and the time grows with the
+square of the length."""
+
+
+def _written(value: float) -> str | None:
+    """The decimal text of a number, or None for an integer too long to write out."""
+    if isinstance(value, int) and value.bit_length() > _WRITTEN_BITS:
+        return None
+    try:
+        return str(value)
+    except ValueError:  # (a lower limit set by PYTHONINTMAXSTRDIGITS)
+        return None
+
+
 def _number(value: float) -> str:
-    """A non-secret number for a message, without thousands of digits."""
-    text = str(value)
+    """A non-secret number for a message, without thousands of digits (an integer too long to
+    write out is described by its length, from its logarithm)."""
+    text = _written(value)
+    if text is None:
+        return f"a number of about {int(math.log10(abs(value))) + 1} digits"
     return text if len(text) <= 24 else f"a number of {len(text)} digits"
 
 
@@ -2127,7 +2146,10 @@ class _Loader:
         elif isinstance(raw, bool):
             text = "true" if raw else "false"
         elif isinstance(raw, int | float):
-            text = str(raw)
+            written = _written(raw)
+            if written is None:
+                raise _Invalid(f"expected a property value, got {_number(raw)}")
+            text = written
         else:
             raise _Invalid(
                 f'expected a string, number, boolean, "${{ENV_VAR}}" or {{file: PATH}}, '

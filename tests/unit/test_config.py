@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import os
+import sys
 import time
 import unicodedata
 from pathlib import Path
@@ -627,6 +628,19 @@ def test_python_tags_are_never_executed(tmp_path: Path) -> None:
         ("retry: {attempts: " + "9" * 5000 + "}\n", "retry.attempts': cannot read the value as"),
         ("retry: {attempts: " + "9" * 400 + "}\n", "must be between 1 and 20, got a number of 400"),
         ("delivery: {timeout_seconds: " + "9" * 400 + "}\n", "got a number of 400 digits"),
+        # Past 4,300 digits Python refuses to write an integer out: its length is given.
+        ("retry: {attempts: 0x" + "f" * 4000 + "}\n", "got a number of about 4817 digits"),
+        ("retry: {attempts: 0x" + "f" * 400_000 + "}\n", "got a number of about 481648 digits"),
+        ("retry: {attempts: 0b1" + "0" * 20_000 + "}\n", "got a number of about 6021 digits"),
+        ("retry:\n  attempts: 59" + ":59" * 3999 + "\n", "got a number of about 7113 digits"),
+        (
+            "delivery: {timeout_seconds: -0x" + "f" * 4000 + "}\n",
+            "at most 300, got a number of about 4817 digits",
+        ),
+        (
+            "kafka: {properties: {fetch.max.bytes: 0x" + "f" * 4000 + "}}\n",
+            "expected a property value, got a number of about 4817 digits",
+        ),
         ("delivery: {timeout_seconds: 1.0e+400}\n", "at most 300, got inf"),
         ("delivery: {timeout_seconds: -.inf}\n", "at most 300, got -inf"),
         ("delivery: {shutdown_grace_seconds: .nan}\n", "at most 3600, got nan"),
@@ -638,6 +652,18 @@ def test_python_tags_are_never_executed(tmp_path: Path) -> None:
 )
 def test_odd_scalars_are_problems(tmp_path: Path, text: str, message: str) -> None:
     assert message in only_problem(write(tmp_path, text + "webhooks: []\n"))
+
+
+def test_a_number_is_described_whatever_limit_python_sets_on_writing_it(tmp_path: Path) -> None:
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)  # (the lowest PYTHONINTMAXSTRDIGITS allows)
+    try:
+        path = write(tmp_path, "retry: {attempts: 0x" + "f" * 600 + "}\nwebhooks: []\n")
+        assert only_problem(path) == (
+            "field 'retry.attempts': must be between 1 and 20, got a number of about 723 digits"
+        )
+    finally:
+        sys.set_int_max_str_digits(before)
 
 
 def test_surrogates_and_nul_in_secrets_are_problems(tmp_path: Path) -> None:
