@@ -137,6 +137,10 @@ ALIAS_EXPANSION_FACTOR: Final = 10
 MAX_PROBLEMS: Final = 1000
 """At most this many problems are listed in one ConfigError (then a count of the rest)."""
 
+PROBLEM_LIMIT: Final = 2000
+"""A problem listed is cut to this many characters (whatever the values it echoes), so that a
+ConfigError is never larger than about :data:`MAX_PROBLEMS` times this."""
+
 
 @dataclass
 class Reuse:
@@ -301,9 +305,6 @@ def _result(loader: _Loader, path: Path, config: Config | None) -> Config:
     """``config``, or the ConfigError of the loader's problems (at most MAX_PROBLEMS of them)."""
     problems = loader.problems
     if problems or config is None:
-        if len(problems) > MAX_PROBLEMS:
-            more = len(problems) - MAX_PROBLEMS
-            problems = [*problems[:MAX_PROBLEMS], f"{path}: ... and {more} more problem(s)"]
         raise ConfigError(str(path), problems)
     return config
 
@@ -367,6 +368,8 @@ class _Invalid(Exception):
 
 
 Converter: TypeAlias = Callable[[Any], Any]
+_Text: TypeAlias = str | Callable[[], str]
+"""A problem's text, or what writes it (see :attr:`_Loader.problems`)."""
 
 _PASSWORD_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # librdkafka keys that have their own field; setting them in ``kafka.properties`` is refused.
@@ -1576,8 +1579,9 @@ class _Loader:
         self.environ = environ
         self.reuse = reuse
         self.sources: list[tuple[Path, str]] = []
-        # Each problem: its file, its line (0: none), ":line" or "", and the text.
-        self._problems: list[tuple[_Source, int, str, str]] = []
+        # Each problem: its file, its line (0: none), ":line" or "", and the text (or what
+        # writes it: written only if the problem is listed, see problems).
+        self._problems: list[tuple[_Source, int, str, _Text]] = []
         self._source: _Source = (0, path)  # the file being read (its problems name it)
         self._secrets = _Secrets()
         self._constructor = SafeConstructor()
@@ -1595,12 +1599,20 @@ class _Loader:
 
     @property
     def problems(self) -> list[str]:
-        """Every problem found so far, in line order, secret values masked."""
+        """The problems found so far, in line order, secret values masked: the first
+        :data:`MAX_PROBLEMS` (each cut to :data:`PROBLEM_LIMIT` characters), then a count of the
+        rest. Only those listed are written and masked (a file with tens of thousands of unknown
+        keys spent seconds finding a suggestion for each)."""
         scrub = self._secrets.scrub
         problems = []
         ordered = sorted(self._problems, key=lambda problem: (problem[0][0], problem[1]))
-        for source, _, place, text in ordered:
-            problems.append(f"{source[1]}{place}: {_printable(_mask_userinfo(scrub(text)))}")
+        for source, _, place, text in ordered[:MAX_PROBLEMS]:
+            written = _clip(text if isinstance(text, str) else text(), PROBLEM_LIMIT)
+            shown = _printable(_mask_userinfo(scrub(written)))
+            problems.append(f"{source[1]}{place}: {_clip(shown, PROBLEM_LIMIT)}")
+        if len(ordered) > MAX_PROBLEMS:
+            more = len(ordered) - MAX_PROBLEMS
+            problems.append(f"{self.path}: ... and {more} more problem(s)")
         return problems
 
     def remember_document_secrets(self, root: Node) -> None:
@@ -1669,7 +1681,7 @@ class _Loader:
             if _ENV_REFERENCE.fullmatch(each) is None:
                 self._secrets.add(each)
 
-    def report(self, line: int | None, text: str) -> None:
+    def report(self, line: int | None, text: _Text) -> None:
         """Record one problem of the file being read at a 1-based line (None: not tied to a
         line)."""
         place = "" if line is None else f":{line}"
@@ -1685,9 +1697,12 @@ class _Loader:
         self._source = section.source
         return section
 
-    def problem(self, node: Node | None, where: str, message: str) -> None:
+    def problem(self, node: Node | None, where: str, message: _Text) -> None:
         """Record a problem with a field or section, at the line of ``node``."""
-        self.report(_line(node), f"{where}: {message}")
+        if isinstance(message, str):
+            self.report(_line(node), f"{where}: {message}")
+        else:
+            self.report(_line(node), functools.partial(_written_after, f"{where}: ", message))
 
     def load(
         self, path: Path, documents: Sequence[tuple[_Source, bytes]], complete: bool = True
@@ -1902,10 +1917,10 @@ class _Loader:
         return root
 
     @staticmethod
-    def unknown(key: str, known: tuple[str, ...]) -> str:
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-        return f"unknown key ({hint})"
+    def unknown(key: str, known: tuple[str, ...]) -> Callable[[], str]:
+        """What writes the problem of an unknown key (its suggestion is looked for only if the
+        problem is listed)."""
+        return functools.partial(_unknown_key, key, known)
 
     def mapping(self, node: Node, where: str) -> dict[str, tuple[Node, Node]] | None:
         """Keys of a mapping node with their key and value nodes; None (and a problem) if not one.
@@ -2564,6 +2579,18 @@ class _Loader:
         if refusal is not None:
             message = f"{refusal} (see delivery.allow_private_networks and allowed_networks)"
             self.problem(section.nodes["url"], section.where("url"), message)
+
+
+def _unknown_key(key: str, known: tuple[str, ...]) -> str:
+    """The problem of an unknown key, with the known key it is closest to, if any."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    return f"unknown key ({hint})"
+
+
+def _written_after(head: str, write: Callable[[], str]) -> str:
+    """``head`` then the text ``write`` writes (a problem written only when it is listed)."""
+    return head + write()
 
 
 def _keys(secret: Secret) -> set[bytes]:

@@ -165,13 +165,13 @@ def ascii_host(host: str) -> str:
     labels = []
     for label in name.split("."):
         if not label:
-            raise UrlError(f"host {host!r} has an empty label")
+            raise UrlError(f"host {_shown(host)} has an empty label")
         labels.append(_label(label.lower() if label.isascii() else label, host))
     ascii_name = ".".join(labels)
     if len(ascii_name) > 253:
         raise UrlError(f"host name longer than 253 characters ({len(ascii_name)})")
     if _NUMERIC_LABEL.fullmatch(labels[-1]):
-        raise UrlError(f"host {host!r} ends in a number: write an IP address in dotted form")
+        raise UrlError(f"host {_shown(host)} ends in a number: write an IP address in dotted form")
     return ascii_name
 
 
@@ -182,7 +182,7 @@ def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
         try:
             return str(ipaddress.IPv6Address(hostname)), True
         except ValueError:
-            raise UrlError(f"[{hostname}] is not an IPv6 address") from None
+            raise UrlError(f"[{_cut(hostname)}] is not an IPv6 address") from None
     if _IPV4_CHARS.fullmatch(hostname):  # else not an IPv4 address: spare the exception
         try:
             return str(ipaddress.IPv4Address(hostname)), True
@@ -194,17 +194,30 @@ def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
 def _label(label: str, host: str) -> str:
     if label.isascii() and not label.startswith("xn--"):
         if len(label) > 63:
-            raise UrlError(f"host {host!r} has a label longer than 63 characters")
+            raise UrlError(f"host {_shown(host)} has a label longer than 63 characters")
         if not _ASCII_LABEL.fullmatch(label):
             raise UrlError(
-                f"host {host!r} has an invalid label {label!r} "
+                f"host {_shown(host)} has an invalid label {_shown(label)} "
                 "(letters, digits, '-' and '_'; no '-' at either end)"
             )
         return label
     try:
         return idna.encode(label, uts46=True).decode("ascii")
     except (idna.IDNAError, UnicodeError) as exc:
-        raise UrlError(f"host {host!r} is not a valid internationalised name: {exc}") from None
+        reason = _cut(str(exc), 120)
+        raise UrlError(
+            f"host {_shown(host)} is not a valid internationalised name: {reason}"
+        ) from None
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    """``text`` shortened for a message: a URL of 8,000 characters makes no message longer."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _shown(text: str) -> str:
+    """``repr`` of a part of a URL, shortened for a message."""
+    return repr(_cut(text))
 
 
 def _describe(char: str) -> str:

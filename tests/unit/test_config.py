@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import difflib
 import ipaddress
 import os
 import sys
@@ -1029,6 +1030,42 @@ def test_at_most_1000_problems_are_listed(tmp_path: Path) -> None:
     problems = problems_of(write(tmp_path, text))
     assert len(problems) == 1001
     assert problems[-1] == f"{tmp_path / 'bridge.yaml'}: ... and 500 more problem(s)"
+
+
+def test_only_the_problems_listed_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tens of thousands of unknown keys: a suggestion is looked for only for the 1000 listed."""
+    suggestions: list[str] = []
+    real = difflib.get_close_matches
+
+    def counted(word: str, possibilities: list[str], n: int) -> list[str]:
+        suggestions.append(word)
+        return real(word, possibilities, n=n)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    hooks = "".join(
+        f"  - {{id: w{n}, {', '.join(f'k{n}_{k}: 1' for k in range(10))}}}\n" for n in range(3000)
+    )
+    problems = problems_of(write(tmp_path, "webhooks:\n" + hooks))
+    assert len(problems) == 1001 and 0 < len(suggestions) <= 1000
+    assert problems[-1].endswith(" more problem(s)")
+
+
+def test_a_problem_is_never_longer_than_the_limit_whatever_it_echoes(tmp_path: Path) -> None:
+    host = "a!" * 4000  # 8,000 characters, anchored once and aliased into every webhook
+    text = f'u: &u "https://{host}.com/"\nwebhooks:\n' + "".join(
+        f"  - {{id: w{n}, account: a, url: *u, events: [transaction.success], secret: s}}\n"
+        for n in range(1500)
+    )
+    path = write(tmp_path, text)
+    problems = problems_of(path)
+    assert len(problems) == 1001
+    assert max(len(problem) for problem in problems) < len(str(path)) + 200
+    reader = loader._Loader("bridge.yaml", {})
+    reader.report(1, "x" * 10 * loader.PROBLEM_LIMIT)
+    (problem,) = reader.problems
+    assert len(problem) == len("bridge.yaml:1: ") + loader.PROBLEM_LIMIT
 
 
 # ---- URLs ----------------------------------------------------------------------------------
