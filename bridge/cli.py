@@ -22,7 +22,7 @@ from bridge import __version__
 from bridge.config.loader import collector_paused, load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
-from bridge.core.urls import url_authority
+from bridge.core.urls import shown_authority
 
 if TYPE_CHECKING:
     from bridge.config.reload import Primer
@@ -217,7 +217,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 w.id,
                 w.account,
                 events[w.events],
-                url_authority(w.url),
+                shown_authority(w.url),
                 w.signature,
                 "yes" if w.enabled else "no",
             )

@@ -6,12 +6,16 @@
 - ``http`` or ``https``, an absolute URL with a host; no whitespace or control characters.
 - No userinfo (``user:password@``): credentials in a URL leak into logs and tools, and the bridge
   would not send them anyway. No fragment (``#...``): it is never sent.
+- A host that is not ASCII is first mapped whole by UTS-46 (the ``idna`` package, as the WHATWG
+  URL standard does): a fullwidth ``A`` (U+FF21) becomes ``a``, and the ideographic, fullwidth
+  and halfwidth full stops (U+3002, U+FF0E, U+FF61) become ``.``. Every check below runs on the
+  mapped host, split into labels after the mapping, which is the host the bridge connects to:
+  ``169.254.169.254`` written with U+FF0E is that IP address, not one label of a name.
 - The host is an IP literal (IPv6 in brackets, no zone id) or a domain name checked label by
-  label: non-ASCII labels by IDNA 2008 with UTS-46 mapping (the ``idna`` package: ``faß.de`` is
-  ``xn--fa-hia.de``, not ``fass.de`` as Python's IDNA 2003 codec makes it); ASCII labels as
-  letters, digits, ``-`` and ``_``; every label 1 to 63 octets, the name at most 253. A name
-  whose last label is a number (``127.1``, ``0x7f.1``) is refused: resolvers read it as an IPv4
-  address in a legacy form.
+  label: non-ASCII labels by IDNA 2008 (``faß.de`` is ``xn--fa-hia.de``, not ``fass.de`` as
+  Python's IDNA 2003 codec makes it); ASCII labels as letters, digits, ``-`` and ``_``; every
+  label 1 to 63 octets, the name at most 253. A name whose last label is a number (``127.1``,
+  ``0x7f.1``) is refused: resolvers read it as an IPv4 address in a legacy form.
 - The port, when given, is 1 to 65535.
 """
 
@@ -144,6 +148,18 @@ def url_authority(url: str) -> str:
     return _AUTHORITY_END.split(rest[2:], maxsplit=1)[0]
 
 
+def shown_authority(url: str) -> str:
+    """The authority of an accepted ``url`` as the bridge connects to it, for people to read. An
+    ASCII authority is shown as written, in lowercase (a trailing dot or a default port aside,
+    the host connected to; and cheap, for a table of 100,000 webhooks); any other is parsed and
+    shown as its ``Host`` header, its host mapped (with U+FF0E for its dots, ``169.254.169.254``
+    is shown with ASCII dots)."""
+    authority = url_authority(url)
+    if authority.isascii():
+        return authority.lower()
+    return parse_webhook_url(url).authority
+
+
 def _has_userinfo(url: str) -> bool:
     """Whether the authority of ``url`` holds an ``@``, also after NFKC normalisation (a
     fullwidth commercial at, U+FF20, becomes one in ``urlsplit``'s own check)."""
@@ -159,6 +175,7 @@ def ascii_host(host: str) -> str:
 
     Results are remembered (a name is judged the same way every time; many webhooks share a
     host, and IDNA is slow); a refused name is judged again each time."""
+    host = mapped_host(host)
     name = host[:-1] if host.endswith(".") else host
     if not name:
         raise UrlError("the host name is empty")
@@ -175,6 +192,18 @@ def ascii_host(host: str) -> str:
     return ascii_name
 
 
+def mapped_host(host: str) -> str:
+    """``host`` mapped by UTS-46 (non-transitional, without the STD3 rules, as WHATWG URL does:
+    the labels are checked afterwards), or UrlError. An ASCII host is returned as it is: the
+    mapping would only lowercase it, which the callers do."""
+    if host.isascii():
+        return host
+    try:
+        return idna.uts46_remap(host, std3_rules=False, transitional=False)
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise UrlError(f"host {host!r} is not a valid internationalised name: {exc}") from None
+
+
 def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
     if bracketed:
         if "%" in hostname:
@@ -183,6 +212,7 @@ def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:
             return str(ipaddress.IPv6Address(hostname)), True
         except ValueError:
             raise UrlError(f"[{_cut(hostname)}] is not an IPv6 address") from None
+    hostname = mapped_host(hostname)  # before any check: the host the bridge connects to
     if _IPV4_CHARS.fullmatch(hostname):  # else not an IPv4 address: spare the exception
         try:
             return str(ipaddress.IPv4Address(hostname)), True

@@ -139,7 +139,10 @@ class Webhook:
             Url(),
             "The receiving page. No `user:password@`, no `#fragment`; the host is a valid DNS "
             "name (IDNA 2008 / UTS-46, labels of 1 to 63 characters, not ending in a number) or "
-            "an IP address (IPv6 in brackets, no zone id). `https://` with `signature: secret`.",
+            "an IP address (IPv6 in brackets, no zone id), judged after UTS-46 mapping of the "
+            "whole host: the full stops U+3002, U+FF0E and U+FF61 are dots (`169.254.169.254` "
+            "written with them is that IP address), and `bridge check` shows the host so mapped. "
+            "`https://` with `signature: secret`.",
         )
     )
     events: frozenset[str] = field(metadata=declare(Events(), "Only these events are sent."))

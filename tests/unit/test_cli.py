@@ -209,3 +209,17 @@ def test_a_table_pads_each_column_to_its_widest_cell_and_strips_line_ends() -> N
     assert _table([], ["ONE", "TWO"]) == "ONE  TWO"
     with pytest.raises(ValueError):  # a row with a cell too few is a bug, not a short line
         _table([["a", "b"], ["c"]], ["X", "Y"])
+
+
+def test_check_shows_the_host_connected_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host written with other full stops is shown as the host the bridge connects to."""
+    path = tmp_path / "b.yaml"
+    path.write_text(
+        "webhooks:\n  - id: w\n    account: a\n    events: [transaction.success]\n"
+        "    url: 'https://Hooks\uff0eexample\u3002com:8443/h'\n    secret: s3cr3t-value\n",
+        encoding="utf-8",
+    )
+    assert main(["check", "--offline", "-c", str(path)]) == 0
+    assert "hooks.example.com:8443" in capsys.readouterr().out

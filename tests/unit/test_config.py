@@ -1217,6 +1217,9 @@ def test_literal_ip_destinations_are_checked_after_parsing(tmp_path: Path) -> No
         ("http://[::1]:8080/", "::1 is a loopback address"),
         ("http://[0:0:0:0:0:0:0:1]/", "::1 is a loopback address"),
         ("http://0.0.0.0/", "unspecified address"),
+        # other full stops: the address they map to (UTS-46), judged as such
+        ("http://169\uff0e254\uff0e169\uff0e254/latest", "169.254.169.254 is a cloud metadata"),
+        ("http://127\u30020\uff610\uff0e1:8080/", "127.0.0.1 is a loopback address"),
     ):
         problem = only_problem(write(tmp_path, webhook_yaml(url=f"'{url}'")))
         assert refused in problem, problem

@@ -5,12 +5,19 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+import idna
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bridge.core import urls
-from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url, url_authority
+from bridge.core.urls import (
+    UrlError,
+    WebhookUrl,
+    parse_webhook_url,
+    shown_authority,
+    url_authority,
+)
 from devtools.bench_config import config_text
 
 
@@ -178,3 +185,67 @@ def test_the_authority_of_each_url_of_the_benchmark_configuration_is_urlsplits_n
 def test_a_url_without_double_slash_has_no_authority() -> None:
     assert url_authority("mailto:a@b.example") == ""
     assert url_authority("https://h.example#x") == "h.example"
+
+
+# ---- hosts are mapped (UTS-46) before they are split into labels and judged ------------------
+
+_DOTS = ".\u3002\uff0e\uff61"
+"""The full stop and every character UTS-46 maps to it (ideographic, fullwidth, halfwidth
+ideographic: ``idna.uts46_remap`` over all of Unicode finds no other, a scan too slow for a unit
+test)."""
+
+_DOTTED_HOSTS = st.sampled_from(
+    ["169.254.169.254", "127.0.0.1", "1.2.3.4", "0.0.0.0", "0x7f.0.0.1", "a.127", "127.1",
+     "a.0x10", "256.1.1.1", "1.2.3.4.", "h.example", "h.example.", "a..b", ".a", "faß.de",
+     "bücher.example", "xn--bcher-kva.example", "under_score.example", "-a.b", "\uff41.example"]
+)  # fmt: skip
+
+
+def test_every_dot_variant_is_a_full_stop_to_uts46() -> None:
+    for dot in _DOTS:
+        assert idna.uts46_remap(f"a{dot}b", std3_rules=False) == "a.b"
+
+
+@settings(max_examples=500, deadline=None)
+@given(host=_DOTTED_HOSTS, dots=st.lists(st.sampled_from(_DOTS), min_size=4, max_size=4))
+def test_a_host_with_any_dots_is_judged_as_with_ascii_dots(host: str, dots: list[str]) -> None:
+    """The verdict, the host connected to and whether it is an IP address are those of the same
+    host written with ASCII dots."""
+    pieces = host.split(".")
+    written = pieces[0] + "".join(
+        dot + piece for dot, piece in zip(dots * 2, pieces[1:], strict=False)
+    )
+    assert _outcome(f"https://{written}/x") == _outcome(f"https://{host}/x")
+
+
+_METADATA, _BUECHER = "169.254.169.254", "xn--bcher-kva.example"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://169\uff0e254\uff0e169\uff0e254/", WebhookUrl("https", _METADATA, 443, "/", True)),
+        ("https://1\u30022\uff613\uff0e4:8443/", WebhookUrl("https", "1.2.3.4", 8443, "/", True)),
+        ("https://B\u00fccher\uff0eExample/", WebhookUrl("https", _BUECHER, 443, "/", False)),
+    ],
+)  # fmt: skip
+def test_an_ip_address_or_a_name_written_with_other_dots_is_what_it_maps_to(
+    url: str, expected: WebhookUrl
+) -> None:
+    assert parse_webhook_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "host", ["0x7f\uff0e0\uff0e0\uff0e1", "a\uff0e127", "a.\uff11\uff12\uff17"]
+)
+def test_a_name_that_maps_to_one_ending_in_a_number_is_refused(host: str) -> None:
+    with pytest.raises(UrlError, match="ends in a number"):
+        parse_webhook_url(f"https://{host}/")
+
+
+def test_the_authority_shown_is_the_one_connected_to() -> None:
+    assert (
+        shown_authority("https://169\uff0e254\uff0e169\uff0e254:8443/m") == "169.254.169.254:8443"
+    )
+    assert shown_authority("https://B\u00fccher\uff0eExample/") == "xn--bcher-kva.example"
+    assert shown_authority("https://Hooks.Example:8443/x") == "hooks.example:8443"
