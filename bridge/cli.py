@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import signal
@@ -16,19 +17,21 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from bridge import __version__
 from bridge.config.loader import collector_paused, load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
-from bridge.core.urls import shown_authority
+from bridge.core.urls import UrlError, parse_webhook_url, shown_authority
 
 if TYPE_CHECKING:
     from bridge.config.reload import Primer
     from bridge.ops.dlq import DeadLetter, Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+MAX_TIMEOUT_SECONDS = 3600.0
+MAX_COUNT = 10**9
 T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
 REGISTRY_HINT = (
@@ -97,6 +100,66 @@ def parse_time(text: str, now: float | None = None) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def seconds_argument(text: str) -> float:
+    """``--timeout``: a number of seconds above 0 and at most :data:`MAX_TIMEOUT_SECONDS` (not
+    ``nan``, ``inf`` or ``1e300``, which no socket or Kafka call takes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT_SECONDS:  # (nan compares false)
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS:g}, "
+            f"got {_given(text)}"
+        )
+    return value
+
+
+def count_argument(text: str) -> int:
+    """``--limit``: a whole number from 0 to :data:`MAX_COUNT`."""
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 0 to {MAX_COUNT:,}, got {_given(text)}"
+        )
+    return int(text)
+
+
+def operator_url(text: str) -> str:
+    """``status --url``: the operator address of a bridge, ``http(s)://HOST[:PORT][/PATH]`` or
+    ``HOST:PORT`` (http), judged as a webhook URL is (:func:`parse_webhook_url`: a valid host and
+    port, no whitespace or control character, no userinfo), as it will be requested. The error
+    never echoes the URL: it may hold a password."""
+    url = text if "://" in text else f"http://{text}"
+    try:
+        parts = parse_webhook_url(url)
+    except UrlError as exc:
+        if exc.reason == "userinfo":
+            raise argparse.ArgumentTypeError(
+                "must not contain user:password@ (the operator port takes no credentials)"
+            ) from None
+        raise argparse.ArgumentTypeError(f"not an http(s)://HOST:PORT address: {exc}") from None
+    return f"{parts.scheme}://{parts.authority}{parts.target}"
+
+
+def _given(text: str) -> str:
+    """A value given on the command line, for an error message: quoted, escaped, shortened."""
+    return repr(text if len(text) <= 40 else f"{text[:37]}...")
+
+
+_USERINFO: Final = re.compile(r"(://)[^/?#@]*@")
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line naming the argument at fault (and
+    where the usage is), exit code 2; subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``error: MESSAGE (see `PROG --help`)`` on stderr and exit 2; a URL's userinfo
+        that argparse echoes (``unrecognized arguments: http://user:pw@host``) is masked."""
+        message = _USERINFO.sub(r"\1***@", message)
+        self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -450,9 +513,9 @@ def _status_base(args: argparse.Namespace) -> str:
 # ---- parser ------------------------------------------------------------------------------------
 
 
-def config_argument() -> argparse.ArgumentParser:
+def config_argument() -> UsageParser:
     """The ``-c/--config`` option, as a parent parser for the subcommands that read the file."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = UsageParser(add_help=False)
     parent.add_argument(
         "-c", "--config", help=f"configuration file or directory (default: ${CONFIG_ENV})"
     )
@@ -461,7 +524,7 @@ def config_argument() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog="bridge",
         description="Kafka-to-webhook bridge for transaction notifications.",
         epilog="Exit codes: 0 success, 1 failure, 2 bad usage or invalid configuration.",
@@ -479,7 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate config and schemas, list webhooks, reach Kafka",
     )
     check.add_argument("--offline", action="store_true", help="do not contact Kafka")
-    check.add_argument("--timeout", type=float, default=10.0, help="Kafka timeout in seconds")
+    check.add_argument(
+        "--timeout", type=seconds_argument, default=10.0, help="Kafka timeout in seconds"
+    )
     check.set_defaults(func=cmd_check)
 
     topics = sub.add_parser(
@@ -501,16 +566,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--url",
+        type=operator_url,
         help="the bridge's operator address, e.g. http://127.0.0.1:9464 (default: metrics.host "
         "and metrics.port of the configuration, else http://127.0.0.1:9464)",
     )
     status.add_argument("--json", action="store_true", help="print the JSON as served")
-    status.add_argument("--timeout", type=float, default=10.0, help="seconds to wait")
+    status.add_argument("--timeout", type=seconds_argument, default=10.0, help="seconds to wait")
     status.set_defaults(func=cmd_status)
 
     dlq = sub.add_parser("dlq", help="list or replay dead letters")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
-    filters = argparse.ArgumentParser(add_help=False, parents=[config_parent])
+    filters = UsageParser(add_help=False, parents=[config_parent])
     filters.add_argument("--webhook", help="only this webhook id")
     filters.add_argument("--reason", help="only this reason (e.g. retries_exhausted, truncated)")
     filters.add_argument(
@@ -520,7 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--until", type=parse_time, help="dead-lettered at or before (ISO time or age)"
     )
     dlq_list = dlq_sub.add_parser("list", parents=[filters], help="print dead letters as a table")
-    dlq_list.add_argument("--limit", type=int, default=0, help="only the last N")
+    dlq_list.add_argument(
+        "--limit", type=count_argument, default=0, help="only the last N (0: all)"
+    )
     dlq_list.set_defaults(func=cmd_dlq_list)
     dlq_replay = dlq_sub.add_parser(
         "replay", parents=[filters], help="re-inject dead letters at attempt 0"
