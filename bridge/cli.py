@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from bridge import __version__
 from bridge.config.loader import collector_paused, load_config
-from bridge.core.errors import ConfigError
+from bridge.core.errors import ConfigError, printable
 from bridge.core.settings import Config
 from bridge.core.urls import UrlError, parse_webhook_url, shown_authority
 
@@ -57,12 +57,20 @@ def _color(text: str, code: str, stream: object = sys.stdout) -> str:
 
 def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     """``rows`` under ``header`` in left-aligned columns two spaces apart (one format string for
-    every line: ``bridge check`` prints one row per webhook, 100,000 of them at scale)."""
+    every line: ``bridge check`` prints one row per webhook, 100,000 of them at scale). Cells
+    are :func:`printable`: no value can write a control sequence or a line of its own."""
     cells = zip(*rows, strict=True) if rows else [()] * len(header)  # (column by column)
-    columns = [[str(title), *map(str, each)] for title, each in zip(header, cells, strict=True)]
+    columns = [_printable_cells([title, *each]) for title, each in zip(header, cells, strict=True)]
     widths = [max(map(len, column)) for column in columns]
     line = "  ".join(f"{{:<{width}}}" for width in widths).format
     return "\n".join([line(*row).rstrip() for row in zip(*columns, strict=True)])
+
+
+def _printable_cells(values: Sequence[object]) -> list[str]:
+    """``values`` as text, each :func:`printable` (one test for the whole column, as nearly
+    every column is printable already)."""
+    cells = list(map(str, values))
+    return cells if "".join(cells).isprintable() else list(map(printable, cells))
 
 
 def load_config_argument(args: argparse.Namespace) -> Config:
@@ -286,7 +294,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
             for w in config.webhooks
         ]
-        print(f"{config.path}: valid; {len(config.webhooks)} webhook(s)")
+        print(f"{printable(str(config.path))}: valid; {len(config.webhooks)} webhook(s)")
         if rows:
             print(_table(rows, ["ID", "ACCOUNT", "EVENTS", "HOST", "SCHEME", "ENABLED"]))
     print(
@@ -305,7 +313,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         config.dead_letter_topic,
     ]
     missing = [t for t in needed if t not in metadata.topics]
-    print(f"kafka: {len(metadata.brokers)} broker(s) reachable at {config.kafka.bootstrap_servers}")
+    servers = printable(config.kafka.bootstrap_servers)
+    print(f"kafka: {len(metadata.brokers)} broker(s) reachable at {servers}")
     if missing:
         raise CliError(
             f"missing topics: {', '.join(missing)}", hint="run `bridge topics` to create them"
@@ -645,9 +654,9 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except CliError as exc:
         _drain_log()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {printable(exc.hint)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

@@ -53,6 +53,7 @@ import math
 import os
 import re
 import threading
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -68,8 +69,9 @@ from bridge.config.directory import config_files, listing_digest
 from bridge.config.files import FileRefused, read_regular_file
 from bridge.config.segments import Layout, agrees, layout
 from bridge.core.destinations import DestinationPolicy, IPNetwork
-from bridge.core.errors import ConfigError
+from bridge.core.errors import ConfigError, printable
 from bridge.core.keys import (
+    AccountId,
     Boolean,
     Choice,
     DirectoryPath,
@@ -547,17 +549,6 @@ def _mask_userinfo(text: str) -> str:
     return _AUTHORITY.sub(mask, text) if ":/" in text else text
 
 
-def _printable(text: str) -> str:
-    """``text`` with every character that is not printable (controls, line breaks, bidi marks,
-    lone surrogates) escaped, so that a message is one safe line on any terminal."""
-    if text.isprintable():
-        return text
-    return "".join(
-        char if char.isprintable() else char.encode("unicode_escape", "backslashreplace").decode()
-        for char in text
-    )
-
-
 def _tag_name(tag: str) -> str:
     """A YAML tag as written (``!!int`` for the standard ones), shortened for a message."""
     short = f"!!{tag[len(_YAML_TAG) :]}" if tag.startswith(_YAML_TAG) else tag
@@ -572,6 +563,23 @@ def _text(value: Any) -> str:
     if not value.isascii() and _SURROGATE.search(value):
         raise _Invalid("contains a lone surrogate (\\ud800 to \\udfff), which is not text")
     return value
+
+
+_NOT_SHOWN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
+"""Unicode categories an account holder id may not hold: controls, format characters (bidi
+controls, zero-width marks), line and paragraph separators."""
+
+
+def _account(value: Any) -> str:
+    account = _text(value)
+    if not account.isprintable():  # (else nothing to look for)
+        for at, char in enumerate(account):
+            if unicodedata.category(char) in _NOT_SHOWN:
+                raise _Invalid(
+                    f"contains a control or format character (U+{ord(char):04X}) at position "
+                    f"{at}: an account holder id is text that can be shown"
+                )
+    return account
 
 
 def _path(value: Any) -> Path:
@@ -711,6 +719,8 @@ def _converter(kind: LeafKind) -> Converter:
     match kind:
         case Text() | SecretText():
             return _text
+        case AccountId():
+            return _account
         case FilePath():
             return _file_path
         case DirectoryPath():
@@ -1608,11 +1618,11 @@ class _Loader:
         ordered = sorted(self._problems, key=lambda problem: (problem[0][0], problem[1]))
         for source, _, place, text in ordered[:MAX_PROBLEMS]:
             written = _clip(text if isinstance(text, str) else text(), PROBLEM_LIMIT)
-            shown = _printable(_mask_userinfo(scrub(written)))
-            problems.append(f"{source[1]}{place}: {_clip(shown, PROBLEM_LIMIT)}")
+            shown = _clip(_mask_userinfo(scrub(written)), PROBLEM_LIMIT)
+            problems.append(printable(f"{source[1]}{place}: {shown}"))
         if len(ordered) > MAX_PROBLEMS:
             more = len(ordered) - MAX_PROBLEMS
-            problems.append(f"{self.path}: ... and {more} more problem(s)")
+            problems.append(printable(f"{self.path}: ... and {more} more problem(s)"))
         return problems
 
     def remember_document_secrets(self, root: Node) -> None:

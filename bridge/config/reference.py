@@ -15,6 +15,7 @@ from dataclasses import MISSING, Field, dataclass, fields, replace
 from typing import Any, Final
 
 from bridge.core.keys import (
+    AccountId,
     Boolean,
     Choice,
     DirectoryPath,
@@ -164,6 +165,8 @@ def _kind_text(kind: Kind) -> str:
     match kind:
         case Text():
             return "string"
+        case AccountId():
+            return "string without control or format characters"
         case SecretText():
             return 'string: inline or `"${ENV_VAR}"`'
         case FilePath() | DirectoryPath():

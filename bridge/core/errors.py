@@ -35,14 +35,29 @@ class BridgeError(Exception):
 
 
 class ConfigError(BridgeError):
-    """The configuration file is invalid; ``problems`` lists every problem found, one per line."""
+    """The configuration file is invalid; ``problems`` lists every problem found, one per line
+    (each :func:`printable`: a file's name or a value cannot split it or write to a terminal)."""
 
     def __init__(self, path: str, problems: list[str]) -> None:
         self.path = path
-        self.problems = list(problems)
+        self.problems = [printable(problem) for problem in problems]
         listing = "\n".join(f"  - {problem}" for problem in self.problems)
         count = len(self.problems)
-        super().__init__(f"{path}: {count} problem(s) in the configuration:\n{listing}")
+        shown = printable(path)
+        super().__init__(f"{shown}: {count} problem(s) in the configuration:\n{listing}")
+
+
+def printable(text: str) -> str:
+    """``text`` as one safe line for a terminal or a log: every character that is not printable
+    (controls, line breaks, bidi controls and other format characters, lone surrogates such as
+    a file name's bytes that are not UTF-8) escaped as in a Python string literal (``\\n``,
+    ``\\x1b``, ``\\u202e``, ``\\udcff``). What it returns is printable: it is its own result."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
 
 
 class RecordError(BridgeError):

@@ -30,6 +30,11 @@ class Text(NamedTuple):
     """Text that is not blank."""
 
 
+class AccountId(NamedTuple):
+    """An account holder's id: text that is not blank, without control characters, format
+    characters (bidi controls, zero-width marks) or line and paragraph separators."""
+
+
 class FilePath(NamedTuple):
     """A path, kept as text (a file read at load or by the HTTP client)."""
 
@@ -114,6 +119,7 @@ class Nested(NamedTuple):
 
 LeafKind: TypeAlias = (
     Text
+    | AccountId
     | FilePath
     | DirectoryPath
     | Integer

@@ -10,6 +10,7 @@ from operator import attrgetter
 from typing import Any, Final, Literal, TypeAlias, final, get_args
 
 from bridge.core.keys import (
+    AccountId,
     Boolean,
     Choice,
     Events,
@@ -18,7 +19,6 @@ from bridge.core.keys import (
     Nested,
     Seconds,
     SecretText,
-    Text,
     Url,
     WebhookId,
     declare,
@@ -132,7 +132,12 @@ class Webhook:
         )
     )
     account: str = field(
-        metadata=declare(Text(), "The account holder (the record's `accountHolderId`).")
+        metadata=declare(
+            AccountId(),
+            "The account holder (the record's `accountHolderId`). No control characters "
+            "(`\\n`, `\\x1b`...), bidi controls or other format characters (U+202E, U+200B...) "
+            "and no line separators: `bridge check` prints it.",
+        )
     )
     url: str = field(
         metadata=declare(

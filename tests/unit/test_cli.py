@@ -274,3 +274,21 @@ def test_bad_arguments_exit_2_with_one_line_naming_them(
 def test_status_url_is_taken_as_it_will_be_requested(given: str, requested: str) -> None:
     args = build_parser().parse_args(["status", "--url", given, "--timeout", "0.5"])
     assert (args.url, args.timeout) == (requested, 0.5)
+
+
+def test_table_cells_cannot_write_control_sequences_or_lines() -> None:
+    hostile = "acct\x1b[2J\x1b]0;owned\x07\r\nfake  row\u202e\u2028"
+    table = _table([("w1", hostile), ("w2", "plain")], ["ID", "ACCOUNT"])
+    lines = table.split("\n")
+    assert len(lines) == 3 and all(line.isprintable() for line in lines)
+    assert "acct\\x1b[2J\\x1b]0;owned\\x07\\r\\nfake  row\\u202e\\u2028" in lines[1]
+
+
+def test_a_problem_line_is_one_printable_line_whatever_the_file_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a\x1b[2J\n  - fake.yaml").write_text("webhooks: {\n", encoding="utf-8")
+    assert main(["check", "--offline", "-c", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.isprintable() for line in err), err
+    assert err[1].startswith(f"  - {tmp_path}/a\\x1b[2J\\n  - fake.yaml:2: invalid YAML")

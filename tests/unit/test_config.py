@@ -679,6 +679,41 @@ def test_surrogates_and_nul_in_secrets_are_problems(tmp_path: Path) -> None:
     assert load_config(path, environ).webhooks[0].secret.reveal() == b"env-\xff-value"
 
 
+@pytest.mark.parametrize(
+    ("account", "code"),
+    [
+        ('"acct\\e[2J\\e]0;owned\\a\\r\\nfake  row"', "U+001B"),
+        ('"acct\\N"', "U+0085"),  # next line
+        ('"acct\\u202e321"', "U+202E"),  # right-to-left override
+        ('"acct\\u200b_1"', "U+200B"),  # zero-width space
+        ('"acct\\L_1"', "U+2028"),  # line separator
+        ('"acct\\t1"', "U+0009"),
+    ],
+)
+def test_an_account_with_control_or_format_characters_is_a_problem(
+    tmp_path: Path, account: str, code: str
+) -> None:
+    problem = only_problem(write(tmp_path, webhook_yaml(account=account)))
+    assert problem.startswith(f"{SHOP} 'account': contains a control or format character ({code})")
+    assert problem.isprintable()
+
+
+def test_an_account_of_any_printable_text_is_taken_as_written(tmp_path: Path) -> None:
+    for account in ("+221770000000", "acct 42", "compte-\u00e9t\u00e9", "\u53e3\u5ea7/7"):
+        config = load_config(write(tmp_path, webhook_yaml(account=f'"{account}"')), {})
+        assert config.webhooks[0].account == account
+
+
+def test_a_file_name_cannot_split_its_problem_line(tmp_path: Path) -> None:
+    (tmp_path / "a\n  - injected line.yaml").write_text("webhooks: {\n", encoding="utf-8")
+    (tmp_path / "b.yaml").write_text("webhooks: []\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path, {})
+    assert len(caught.value.problems) == 1
+    assert caught.value.problems[0].startswith(f"{tmp_path}/a\\n  - injected line.yaml:")
+    assert str(caught.value).count("\n") == 1  # the heading, then the one problem
+
+
 def test_bytes_that_are_not_utf8_text(tmp_path: Path) -> None:
     path = tmp_path / "bridge.yaml"
     path.write_bytes(b"webhooks: []\nlogging: {level: \xff\xfe}\n")
