@@ -201,7 +201,8 @@ def mapped_host(host: str) -> str:
     try:
         return idna.uts46_remap(host, std3_rules=False, transitional=False)
     except (idna.IDNAError, UnicodeError) as exc:
-        raise UrlError(f"host {host!r} is not a valid internationalised name: {exc}") from None
+        reason = f"is not a valid internationalised name: {_cut(str(exc), 120)}"
+        raise UrlError(f"host {_shown(host)} {reason}") from None
 
 
 def _host(hostname: str, bracketed: bool) -> tuple[str, bool]:

@@ -249,3 +249,21 @@ def test_the_authority_shown_is_the_one_connected_to() -> None:
     )
     assert shown_authority("https://B\u00fccher\uff0eExample/") == "xn--bcher-kva.example"
     assert shown_authority("https://Hooks.Example:8443/x") == "hooks.example:8443"
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "ab\ufdd0" * 3000 + ".com",  # refused by the UTS-46 mapping
+        "a" * 9000 + ".com",  # a label too long
+        "b\u00fc" * 4000 + ".de",  # a label IDNA refuses
+        "x" * 5000 + "!.com",  # an invalid label
+        "[" + "1:" * 4000 + "]",  # not an IPv6 address
+    ],
+)
+def test_a_refused_host_is_shown_shortened_in_its_message(host: str) -> None:
+    """However long the host, the message that refuses it stays short: an 8 KB host aliased
+    into thousands of webhooks printed megabytes of problems."""
+    with pytest.raises(UrlError) as caught:
+        parse_webhook_url(f"https://{host}/hook")
+    assert len(str(caught.value)) < 400, str(caught.value)[:500]
