@@ -550,9 +550,69 @@ def _mask_userinfo(text: str) -> str:
 
 
 def _tag_name(tag: str) -> str:
-    """A YAML tag as written (``!!int`` for the standard ones), shortened for a message."""
-    short = f"!!{tag[len(_YAML_TAG) :]}" if tag.startswith(_YAML_TAG) else tag
-    return _clip(short.encode("ascii", "backslashreplace").decode("ascii"), 80)
+    """A YAML tag for a message: a standard one by its name (``!!int``), any other by its kind
+    only. Its name is the document's, and may be a secret: ``secret: !s3cr3t`` (or ``!!s3cr3t``,
+    ``!<s3cr3t>``) written without quotes is an empty value tagged so."""
+    if tag in _KNOWN_TAGS:
+        return f"!!{tag[len(_YAML_TAG) :]}"
+    if tag.startswith(f"{_YAML_TAG}python/"):
+        return "a !!python/ tag"
+    if tag.startswith(_YAML_TAG):
+        return "an unknown !! tag"
+    return "an unknown local tag" if tag.startswith("!") else "an unknown global tag"
+
+
+_UNNAMED_TAG: Final = (
+    "only the standard YAML tags are read; the tag is not shown, as a value written without "
+    "quotes that starts with '!' is read as a tag"
+)
+_YAML_NAMED: Final = {
+    "found undefined alias": "found an undefined alias",
+    "found duplicate anchor": "found a duplicate anchor",
+    "found undefined tag handle": "found an undefined tag handle",
+    "duplicate tag handle": "found a duplicate tag handle",
+}
+"""PyYAML's words that name an alias, an anchor or a tag handle, and what is said instead: the
+name is the document's, and may be a secret (``secret: *s3cr3t`` written without quotes is an
+alias, ``&s3cr3t`` an anchor)."""
+_YAML_QUOTED: Final = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+_YAML_SAYABLE: Final = re.compile(
+    r".|\\(?:x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|.)|<[a-z ]+>|ascii|utf-8", re.DOTALL
+)
+"""What PyYAML's words may quote: one character (as ``repr`` writes it), a token's name
+(``<block end>``), a codec's name."""
+
+
+def _yaml_words(text: str | None) -> str:
+    """PyYAML's ``problem`` or ``context`` text for a message, without any name the document
+    chose (see :data:`_YAML_NAMED`), nor any other quoted text but what :data:`_YAML_SAYABLE`
+    allows or a standard tag's name."""
+    if not text:
+        return ""
+    for words, said in _YAML_NAMED.items():
+        if text.startswith(words):
+            return said
+    return _YAML_QUOTED.sub(_sayable_or_hidden, text)
+
+
+def _sayable_or_hidden(match: re.Match[str]) -> str:
+    quoted = match.group()
+    body = quoted[1:-1]
+    return quoted if _YAML_SAYABLE.fullmatch(body) or body in _KNOWN_TAGS else "'...'"
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError) -> str:
+    """What PyYAML found wrong (its context, then its problem), without the names and the text
+    of the document (:func:`_yaml_words`); a name left out is replaced by its column."""
+    problem, context = _yaml_words(exc.problem), _yaml_words(exc.context)
+    mark, first = exc.problem_mark, exc.context_mark
+    column = "" if mark is None else f" at column {mark.column + 1}"
+    if context == _YAML_NAMED["found duplicate anchor"]:  # (its problem: "second occurrence")
+        before = "" if first is None else f" (first at line {first.line + 1})"
+        return f"{context}{column}{before}"
+    if problem in _YAML_NAMED.values():
+        problem += column
+    return f"{context}: {problem}" if context else problem
 
 
 def _text(value: Any) -> str:
@@ -1903,8 +1963,7 @@ class _Loader:
         except yaml.MarkedYAMLError as exc:
             # Only the problem and the line: the usual snippet could show an inline secret.
             line = None if exc.problem_mark is None else exc.problem_mark.line + 1
-            context = f"{exc.context}: " if exc.context else ""
-            self.report(line, f"invalid YAML: {context}{exc.problem}")
+            self.report(line, f"invalid YAML: {_yaml_problem(exc)}")
             return None
         except yaml.YAMLError as exc:
             self.report(None, f"invalid YAML ({type(exc).__name__})")
@@ -1941,7 +2000,9 @@ class _Loader:
             self.problem(node, where, "must be a mapping of keys to values")
             return None
         if node.tag != _MAP_TAG:
-            self.problem(node, where, f"must be a plain mapping, not {_tag_name(node.tag)}")
+            self.problem(
+                node, where, f"must be a plain mapping, without a tag ({_tag_name(node.tag)})"
+            )
             return None
         explicit: dict[str, tuple[Node, Node]] = {}
         flatten = False  # merge keys to apply, or '=' keys to read as strings
@@ -1963,7 +2024,7 @@ class _Loader:
         try:
             self._constructor.flatten_mapping(node)
         except yaml.MarkedYAMLError as exc:
-            self.problem(node, where, f"cannot merge: {exc.problem}")
+            self.problem(node, where, f"cannot merge: {_yaml_words(exc.problem)}")
             return None
         return {
             key_node.value: (key_node, value_node)
@@ -2032,14 +2093,13 @@ class _Loader:
                 return [item.value for item in items]
         for sub in _distinct_nodes(node):
             if sub.tag not in _KNOWN_TAGS:
-                raise _Invalid(
-                    f"unknown YAML tag {_tag_name(sub.tag)} (only the standard tags are read)"
-                )
+                column = sub.start_mark.column + 1
+                raise _Invalid(f"{_tag_name(sub.tag)} at column {column} ({_UNNAMED_TAG})")
         try:
             return self._constructor.construct_object(node, deep=True)
         except yaml.MarkedYAMLError as exc:
             self._constructor = SafeConstructor()  # its state is left half-way by the error
-            raise _Invalid(f"cannot read the value: {exc.problem}") from None
+            raise _Invalid(f"cannot read the value: {_yaml_words(exc.problem)}") from None
         except Exception:
             self._constructor = SafeConstructor()
             tag = _failing_tag(node)

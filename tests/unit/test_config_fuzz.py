@@ -1118,3 +1118,128 @@ def test_a_secret_inside_another_one_added_before_it_is_found(secrets: tuple[str
     held = _Secrets(secrets)
     for shift in range(9):
         assert held.found_in("x" * shift + secrets[1] + "y")
+
+
+NAME_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+"""What an anchor or an alias name may hold (PyYAML), and a tag's suffix too."""
+_NAMED_SECRET_FIELDS = {
+    "secret": "webhook",
+    "previous_secret": "webhook",
+    "standard_webhooks_secret": "webhook",
+    "previous_standard_webhooks_secret": "webhook",
+    "sasl_password": "kafka",
+    "properties.sasl.oauthbearer.client.secret": "kafka",
+    "registry_password": "schemas",
+}
+
+
+def _naming_document(field_name: str, written: str, twice: bool) -> str:
+    """A document whose ``field_name`` is the secret ``written`` without quotes (twice: in two
+    places, so that an anchor is a duplicate one)."""
+    section = _NAMED_SECRET_FIELDS[field_name]
+    hook = (
+        '  - id: "w1"\n    account: "a"\n    url: "https://example.com/h"\n'
+        '    events: ["transaction.success"]\n'
+    )
+    if section == "webhook":
+        hook += f"    {field_name}: {written}\n"
+        if field_name != "secret":
+            hook += '    secret: "another-secret-value-0123456789"\n'
+    else:
+        hook += '    secret: "another-secret-value-0123456789"\n'
+    top = ""
+    if section == "kafka" and field_name.startswith("properties."):
+        top = f"kafka:\n  properties:\n    {field_name.removeprefix('properties.')}: {written}\n"
+    elif section == "kafka":
+        top = "kafka:\n  security_protocol: SASL_SSL\n  sasl_username: u\n"
+        top += f"  sasl_password: {written}\n"
+    elif section == "schemas":
+        top = f"schemas:\n  registry_username: u\n  registry_password: {written}\n"
+    if twice:
+        hook += f'  - id: "w2"\n    account: {written}\n    url: "https://example.com/h"\n'
+    return f"{top}webhooks:\n{hook}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prefix=st.sampled_from(["!", "!!", "!<", "*", "&", "!a!", "!!python/name:", "!<!"]),
+    name=st.text(st.sampled_from(NAME_CHARS), min_size=16, max_size=48),
+    after=st.sampled_from(["", " x", ' "quoted"', "\n"]),
+    field_name=st.sampled_from(sorted(_NAMED_SECRET_FIELDS)),
+    twice=st.booleans(),
+)
+def test_a_secret_read_as_a_tag_an_alias_or_an_anchor_is_never_shown(
+    files: Files, prefix: str, name: str, after: str, field_name: str, twice: bool
+) -> None:
+    """A secret written without quotes that starts with ``!``, ``*`` or ``&`` is read by YAML as
+    a tag, an alias or an anchor: never a value, so never remembered as a secret. Whatever the
+    message says of it (an unknown tag, an undefined alias, a duplicate anchor, an undefined tag
+    handle), no 16 characters of it in a row are shown; a standard tag is still named."""
+    written = f"{prefix}{name}>" if prefix.startswith("!<") else f"{prefix}{name}"
+    text = _naming_document(field_name, written + after.rstrip("\n"), twice)
+    files.config.write_text(text)
+    try:
+        load_config(files.config, ENVIRON)
+    except ConfigError as error:
+        message = "\n".join(error.problems)
+    else:
+        message = ""
+    for start in range(len(name) - 15):
+        assert name[start : start + 16] not in message, (text, message)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("a: *Zq9XwLmN8pKdR4tYvB2c\n", ":1: invalid YAML: found an undefined alias at column 4"),
+        (
+            "a: &Zq9XwLmN8pKdR4tYvB2c x\nb: &Zq9XwLmN8pKdR4tYvB2c y\n",
+            ":2: invalid YAML: found a duplicate anchor at column 4 (first at line 1)",
+        ),
+        (
+            "a: !Zq9XwLmN8p!KdR4tYvB2c x\n",
+            ":1: invalid YAML: while parsing a node: found an undefined tag handle at column 4",
+        ),
+        (
+            "%TAG !Zq9XwLmN8pKdR4tYvB2c! tag:a,2000:\n%TAG !Zq9XwLmN8pKdR4tYvB2c! tag:b:\n--- a\n",
+            ":2: invalid YAML: found a duplicate tag handle at column 1",
+        ),
+        (
+            'retry: {attempts: !!binary "Zq9Xw\u00e9"}\nwebhooks: []\n',
+            "cannot read the value: failed to convert base64 data into ascii: 'ascii' codec",
+        ),
+    ],
+)
+def test_yaml_errors_say_what_is_wrong_without_the_names_of_the_document(
+    files: Files, text: str, said: str
+) -> None:
+    """PyYAML quotes the name of an alias, an anchor or a tag handle, which may be a secret
+    written without quotes: the message says what is wrong and where, not the name."""
+    files.config.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(files.config, ENVIRON)
+    assert said in caught.value.problems[0]
+    assert "Zq9XwLmN" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("words", "said"),
+    [
+        ("found character '\\t' that cannot start any token", None),
+        ("expected <block end>, but found '<scalar>'", None),
+        ("expected ',' or ']', but got '<block mapping start>'", None),
+        ("could not determine a constructor for the tag 'tag:yaml.org,2002:merge'", None),
+        (
+            "could not determine a constructor for the tag '!Zq9XwLmN8pKdR4tYvB2c'",
+            "could not determine a constructor for the tag '...'",
+        ),
+        ('expected a name, but found "it\'s a name"', "expected a name, but found '...'"),
+        ("found undefined alias 'a'", "found an undefined alias"),
+    ],
+)
+def test_pyyaml_words_keep_single_characters_and_token_names_only(
+    words: str, said: str | None
+) -> None:
+    from bridge.config.loader import _yaml_words
+
+    assert _yaml_words(words) == (words if said is None else said)
