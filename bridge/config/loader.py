@@ -164,9 +164,10 @@ class Reuse:
 
     What depends on the rest of the document is done for a kept webhook as for any: its id is
     checked for duplicates, the secret its ``${VAR}`` reads is remembered, and its shown fields
-    (id, account, url, TLS version) are checked against the secrets met so far; one that holds
-    one is built again, to report it. So a load with ``Reuse`` reports exactly what a full load
-    reports, and keeps only webhooks a full load would build equal to the ones in force.
+    (id, account, url, TLS version) are checked once every secret of the load is known, as
+    every shown value is (:meth:`_Loader.check_shown`), and reported where a built one's would
+    be. So a load with ``Reuse`` reports exactly what a full load reports, and keeps only
+    webhooks a full load would build equal to the ones in force.
 
     ``texts`` goes further: it maps the keyed digest of a webhook's *text* (its segment of the
     file, :mod:`bridge.config.segments`) to a small record of that webhook (:data:`_Noted`), as
@@ -953,6 +954,14 @@ _Source: TypeAlias = tuple[int, str]
 """Where a problem is: the position of its file (0 for the directory itself, or a lone file) and
 the path its message starts with."""
 
+_ShownFields: TypeAlias = Sequence[tuple[str, str, Node | None]] | MappingNode
+"""Shown values to check, each ``(key, text, node)``; or a kept webhook's mapping, whose shown
+keys are read from it when one holds a secret (:meth:`_Loader.check_shown`)."""
+_Shown: TypeAlias = tuple[str, _Source, Where, _ShownFields, tuple[str | None, int] | None]
+"""Shown values noted while loading (:meth:`_Loader.refuse_shown_secrets`): their text joined
+(looked up first), their file, how their fields are named, the fields, and for a webhook its
+id as written and its place in its list (it is named once every secret is known)."""
+
 
 @dataclass(slots=True)
 class _Values:
@@ -1663,6 +1672,8 @@ class _Loader:
         # and the shown fields of those that were not.
         self._fresh: list[tuple[bytes, _Noted]] = []
         self._uncomposed_shown: list[str] = []
+        # Every shown value, checked once every secret of the load is known (check_shown).
+        self._shown: list[_Shown] = []
         self._context = b""
         # The outbound policy of the delivery section, and its verdict on each literal address.
         self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
@@ -1849,6 +1860,7 @@ class _Loader:
             webhooks=webhooks,
             sources=tuple(self.sources),
         )
+        self.check_shown()
         self.settle_texts()
         return config
 
@@ -2126,6 +2138,9 @@ class _Loader:
                     values[name] = _SECTIONS["kafka"][name].convert(raw)
                 except _Invalid as exc:
                     self.problem(None, f"environment variable {variable}", str(exc))
+                    continue
+                where = functools.partial(_environment_where, variable)
+                self._shown.append((raw, self._source, where, [(name, raw, None)], None))
         kafka = KafkaConfig(**values)
         protocol = kafka.security_protocol or "PLAINTEXT"
         sasl = protocol.startswith("SASL_")
@@ -2143,24 +2158,48 @@ class _Loader:
                     self.problem(section.node, section.where(name), message)
         return kafka
 
-    def refuse_shown_secrets(self, section: _Values, keys: Iterable[str]) -> None:
-        """Report each of ``keys`` whose text (a path's too) holds a secret's value met so far,
-        unless the key names a secret: every other value may be shown (logs, metrics, messages,
-        the configuration's repr)."""
-        values = section.values
+    def refuse_shown_secrets(
+        self, section: _Values, keys: Iterable[str], naming: tuple[str | None, int] | None = None
+    ) -> None:
+        """Note each of ``keys`` (but a key naming a secret) whose value is text or a path, to
+        be reported by :meth:`check_shown` if it holds a secret's value: every other value may
+        be shown (logs, metrics, messages, the configuration's repr). ``naming``: a webhook's id
+        as written and its place in its list."""
+        values, nodes = section.values, section.nodes
         shown = [
-            (key, str(value))
+            (key, str(value), nodes.get(key))
             for key in keys
             if isinstance(value := values.get(key), (str, Path)) and not _secret_key(key)
         ]
+        if shown:
+            # Looked up together first (one call, not one per field: a tenth of a load): a
+            # value holding a secret makes the joined text hold it, so only then one by one.
+            text = shown[0][1] if len(shown) == 1 else "\0".join(each[1] for each in shown)
+            self._shown.append((text, self._source, section.where, shown, naming))
+
+    def check_shown(self) -> None:
+        """Report each shown value noted (:meth:`refuse_shown_secrets`, :meth:`kept`...) that
+        holds a secret, once every secret of the load is known, whatever the order they came
+        in: inline, ``${ENV}`` or file, a webhook's, Kafka's (``KAFKA_SASL_PASSWORD``, its
+        properties) or the registry's. A webhook is named by its id only if that holds none."""
         found_in = self._secrets.found_in
-        # Asked of the values together first (one call, not one per field: a tenth of a load):
-        # a value holding a secret makes the joined text hold it, so only then one by one.
-        if len(shown) > 1 and not found_in("\0".join(text for _, text in shown)):
-            return
-        for key, text in shown:
-            if found_in(text):
-                self.problem(section.nodes[key], section.where(key), _SHOWN_SECRET)
+        for text, source, where, shown, naming in self._shown:
+            if not found_in(text):
+                continue
+            self._source = source
+            if naming is not None:
+                given_id, index = naming
+                named = given_id is not None and not found_in(given_id)
+                where = _webhook_where(f"webhook '{given_id}'" if named else f"webhook #{index}")
+            if isinstance(shown, MappingNode):  # a kept webhook: plain scalars, each key once
+                shown = [
+                    (key.value, value.value, value)
+                    for key, value in shown.value
+                    if key.value in _SHOWN_WEBHOOK_KEYS and value.tag == _STR_TAG
+                ]
+            for key, value, node in shown:
+                if found_in(value):
+                    self.problem(node, where(key), _SHOWN_SECRET)
 
     def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:
         """``kafka.properties``, each value a string, ``"${ENV_VAR}"`` or ``{file: PATH}``;
@@ -2187,9 +2226,10 @@ class _Loader:
             except _Invalid as exc:
                 self.problem(value_node, where, str(exc))
                 continue
-            if isinstance(value, str) and self._secrets.found_in(value):
-                self.problem(value_node, where, _SHOWN_SECRET)
-            elif value is not None:
+            if isinstance(value, str):  # shown (checked by check_shown)
+                shown = [(f"properties.{name}", value, value_node)]
+                self._shown.append((value, self._source, section.where, shown, None))
+            if value is not None:
                 properties[name] = value
         return MappingProxyType(properties)
 
@@ -2379,13 +2419,16 @@ class _Loader:
                     given_id is not None
                     and not self.duplicate(first, given_id, source, _line(item))
                     and reuse is not None
-                    and self.kept_node(item, given_id, reuse, context)
+                    and self.kept_node(item, given_id, index, reuse, context)
                 ):
                     continue
                 # (an id holding a secret, or part of one, would be masked in every message)
                 named = given_id and not self._secrets.found_in(given_id)
                 webhook = self.webhook(
-                    item, f"webhook '{given_id}'" if named else f"webhook #{index}", delivery
+                    item,
+                    f"webhook '{given_id}'" if named else f"webhook #{index}",
+                    delivery,
+                    (given_id, index),
                 )
                 if webhook is None:
                     continue
@@ -2418,13 +2461,19 @@ class _Loader:
         self.report(line, f"webhook '{webhook_id}': field 'id': {message}")
         return True
 
-    def kept_node(self, item: Node, given_id: str, reuse: Reuse, context: bytes) -> bool:
-        """:meth:`kept` for the webhook composed as ``item``; its text is noted for the next
-        load (:meth:`settle_texts`) when it may be."""
+    def kept_node(
+        self, item: Node, given_id: str, index: int, reuse: Reuse, context: bytes
+    ) -> bool:
+        """:meth:`kept` for the webhook composed as ``item`` (``index``: its place in its
+        list); its text is noted for the next load (:meth:`settle_texts`) when it may be."""
         content = _reusable_content(item)
         if content is None:
             return False
         kept = self.kept(content, given_id, reuse, context)
+        if kept:  # its shown fields, as written (checked by check_shown, as a built one's)
+            assert isinstance(item, MappingNode)  # (_reusable_content says so)
+            where = _webhook_where(f"webhook '{given_id}'")
+            self._shown.append((_shown(content), self._source, where, item, (given_id, index)))
         text = self._text_of.get(id(item))
         if text is not None:
             self._fresh.append((text, _noted(content, given_id, reuse.read[given_id])))
@@ -2476,24 +2525,23 @@ class _Loader:
         if reuse.known.get(given_id) != digest:
             return False
         # What building it does that depends on the rest of the document: the value of a ${VAR}
-        # secret remembered (as :meth:`secret` does, before the check below)...
+        # secret remembered (as :meth:`secret` does). Its shown fields are checked by
+        # check_shown, as written (their converters return them unchanged, but for the TLS
+        # version, which no secret fits in), as a built webhook's are.
         for key, tag, value in content:
             if key in _SECRET_NAMES and tag == _STR_TAG:
                 reference = _ENV_REFERENCE.fullmatch(value)
                 variable = self.environ.get(reference.group(1)) if reference else None
                 if variable:
                     self.remember_secret(variable)
-        # ...and its shown fields checked (as written: their converters return them unchanged,
-        # but for the TLS version, which no secret fits in).
-        found_in = self._secrets.found_in
-        for key, tag, value in content:
-            if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG and found_in(value):
-                return False  # built, to report it as a full load does
         reuse.order.append(given_id)
         return True
 
-    def webhook(self, node: Node, name: str, delivery: DeliveryConfig) -> Webhook | None:
-        """Read one webhook named ``name`` in messages; None when it has problems."""
+    def webhook(
+        self, node: Node, name: str, delivery: DeliveryConfig, naming: tuple[str | None, int]
+    ) -> Webhook | None:
+        """Read one webhook named ``name`` in messages (``naming``: its id as written and its
+        place in its list); None when it has problems."""
         before = len(self._problems)
         section = self.section(node, _WEBHOOK_FIELDS, _webhook_where(name))
         if not isinstance(node, MappingNode):
@@ -2504,7 +2552,7 @@ class _Loader:
         }
         self.check_secrets(section, secrets)
         # shown in logs, metrics, /status and the configuration's repr
-        self.refuse_shown_secrets(section, _SHOWN_WEBHOOK_KEYS)
+        self.refuse_shown_secrets(section, _SHOWN_WEBHOOK_KEYS, naming)
         if "url" in values:
             self.check_destination(section, values["url"], delivery)
         secret = secrets["secret"]
@@ -2688,6 +2736,10 @@ def _section_where(section: str) -> Where:
 
 def _webhook_where(name: str) -> Where:
     return lambda key: f"{name}: field '{key}'" if key else name
+
+
+def _environment_where(variable: str, _key: str) -> str:
+    return f"environment variable {variable}"
 
 
 def _given_id(node: Node) -> str | None:

@@ -1779,3 +1779,98 @@ def test_a_webhook_url_holding_a_secret_read_with_a_trailing_newline_is_refused(
     assert only_problem(write(tmp_path, text), {"SHOP_SECRET": f"{PLANTED}\n"}) == (
         f"{SHOP} 'url': {SHOWN_SECRET}"
     )
+
+
+HELD = "Zq9XwLmN8pKdR4tYvB2c"  # a secret, 20 characters
+HOOK = (
+    '  - id: "{id}"\n    account: "{account}"\n    url: "{url}"\n'
+    "    events: [transaction.success]\n"
+)
+SHOWN_PLACES = {  # where a value is shown: (document part, webhook fields, what the problem names)
+    "webhook id": ("", {"id": HELD}, "webhook #{index}: field 'id'"),  # (its id masked)
+    "webhook account": ("", {"account": f"acct-{HELD}"}, "webhook 'shown': field 'account'"),
+    "webhook url": ("", {"url": f"https://x.example/{HELD}"}, "webhook 'shown': field 'url'"),
+    "kafka.client_id": (f"kafka:\n  client_id: {HELD}\n", {}, "field 'kafka.client_id'"),
+    "kafka.group_id": (f"kafka:\n  group_id: g-{HELD}\n", {}, "field 'kafka.group_id'"),
+    "a property": (
+        f"kafka:\n  properties:\n    client.rack: {HELD}\n",
+        {},
+        "field 'kafka.properties.client.rack'",
+    ),
+    "topics.source": (f"topics:\n  source: {HELD}\n", {}, "field 'topics.source'"),
+    "KAFKA_GROUP_ID": ("", {}, "environment variable KAFKA_GROUP_ID"),
+}
+SECRET_SOURCES = {  # where the secret comes from: (document part, webhook secret, environment)
+    "a webhook's secret, inline": ("", f'"{HELD}"', {}),
+    "a webhook's secret, ${ENV}": ("", "${HELD}", {"HELD": HELD}),
+    "a webhook's secret_file": ("", "FILE", {}),
+    "KAFKA_SASL_PASSWORD": ("", None, {"KAFKA_SASL_PASSWORD": HELD}),
+    "kafka.sasl_password, ${ENV}": ("kafka:\n  sasl_password: ${HELD}\n", None, {"HELD": HELD}),
+    "kafka.sasl_password_file": ("kafka:\n  sasl_password_file: FILE\n", None, {}),
+    "schemas.registry_password, ${ENV}": (
+        "schemas:\n  registry_username: u\n  registry_password: ${HELD}\n",
+        None,
+        {"HELD": HELD},
+    ),
+    "schemas.registry_password_file": (
+        "schemas:\n  registry_username: u\n  registry_password_file: FILE\n",
+        None,
+        {},
+    ),
+    "a credential property, ${ENV}": (
+        "kafka:\n  properties:\n    ssl.key.password: ${HELD}\n",
+        None,
+        {"HELD": HELD},
+    ),
+    "a property, {file:}": ("kafka:\n  properties:\n    socket.x: {file: FILE}\n", None, {}),
+}
+
+
+def _merged_sections(*parts: str) -> str:
+    """Document parts (``section:`` then indented lines) with a section given twice merged (a
+    line given twice, such as ``properties:``, once)."""
+    merged: dict[str, list[str]] = {}
+    for part in parts:
+        section = ""
+        for line in part.splitlines():
+            if not line.startswith(" "):
+                section = line
+                merged.setdefault(section, [])
+            elif line not in merged[section]:
+                merged[section].append(line)
+    return "".join(
+        f"{head}\n" + "".join(f"{line}\n" for line in body) for head, body in merged.items()
+    )
+
+
+@pytest.mark.parametrize("secret_first", [True, False], ids=["secret first", "shown first"])
+@pytest.mark.parametrize("source", list(SECRET_SOURCES))
+@pytest.mark.parametrize("place", list(SHOWN_PLACES))
+def test_a_shown_value_holding_a_secret_is_refused_whatever_the_order(
+    tmp_path: Path, place: str, source: str, secret_first: bool
+) -> None:
+    """Every shown value is checked once every secret of the file is known: a secret read from
+    the environment or a file, a webhook's (before or after the one showing it) or Kafka's or
+    the registry's (read after the webhooks), is found in every shown field, and the problem
+    names the field as for a secret written inline before it."""
+    secret_file = tmp_path / "held.secret"
+    secret_file.write_text(HELD + "\n")
+    shown_part, shown_fields, named = SHOWN_PLACES[place]
+    source_part, hook_secret, environ = SECRET_SOURCES[source]
+    environ = {**environ, **({"KAFKA_GROUP_ID": HELD} if place == "KAFKA_GROUP_ID" else {})}
+    fields = {"id": "shown", "account": "acct", "url": "https://x.example/h", **shown_fields}
+    shown_hook = HOOK.format(**fields) + '    secret: "another-secret-0123456789"\n'
+    holder = HOOK.format(id="holder", account="acct", url="https://y.example/h")
+    if hook_secret == "FILE":
+        holder += f"    secret_file: {secret_file}\n"
+    else:
+        holder += f"    secret: {hook_secret or 'yet-another-secret-0123456789'}\n"
+    hooks = [holder, shown_hook] if secret_first else [shown_hook, holder]
+    sections = _merged_sections(shown_part, source_part.replace("FILE", str(secret_file)))
+    webhooks = "webhooks:\n" + "".join(hooks)
+    text = sections + webhooks if secret_first else webhooks + sections
+    problems = problems_of(write(tmp_path, text), environ)
+    named = named.format(index=2 if secret_first else 1)
+    assert any(f"{named}: {SHOWN_SECRET}" in problem for problem in problems), problems
+    shown = "\n".join(problems)
+    assert not any(HELD[at : at + 16] in shown for at in range(len(HELD) - 15)), shown

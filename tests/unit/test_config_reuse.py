@@ -338,28 +338,37 @@ def test_a_new_secret_is_looked_for_in_the_webhooks_kept_from_their_text(
     assert TEXT_LOADS == [False]
 
 
-def test_a_secret_met_after_a_webhook_showing_it_is_looked_for_when_it_moves_before(
-    tmp_path: Path,
+@pytest.mark.parametrize("source", ["environment", "file"])
+@pytest.mark.parametrize("position", ["after", "before"])
+def test_a_secret_met_after_a_webhook_showing_it_is_found_whether_it_is_kept_or_not(
+    tmp_path: Path, source: str, position: str
 ) -> None:
-    """A webhook whose url holds a secret from the environment met only after it is accepted
-    (secrets from the environment are met in order), but its text is not noted: moved after
-    the secret, it is refused, as by a full load."""
-    environ = {**ENVIRON, "SHOWN": "https://hooks.shop-1.net/webhooks/6"}
+    """A webhook whose url holds a secret read from the environment or a file (read in order)
+    by a webhook after it, or before it, is refused: by a full load, and by a load keeping
+    webhooks (built again, kept, or kept from their text alone)."""
+    shown = "https://hooks.shop-1.net/webhooks/6"
+    secret_file = tmp_path / "shown.secret"
+    secret_file.write_text("a-harmless-secret-0123456789\n")
+    secret = "secret: ${SHOWN}" if source == "environment" else f"secret_file: {secret_file}"
     hook = (
-        "  - id: wh-env\n    account: acct_env\n    url: https://env.example/h\n"
-        "    events: [transaction.failed]\n    secret: ${SHOWN}\n"
+        "  - id: wh-late\n    account: acct_late\n    url: https://late.example/h\n"
+        f"    events: [transaction.failed]\n    {secret}\n"
     )
     base = base_text(tmp_path / "hook.secret")
     start, _end = hook_block(base, "wh-000006")
+    text = base + hook if position == "after" else base[:start] + hook + base[start:]
     path = tmp_path / "bridge.yaml"
-    path.write_text(base + hook)
+    path.write_text(text)
     first = Reuse(KEY, {})
-    load_config(path, environ, first)
-    path.write_text(base[:start] + hook + base[start:])
+    load_config(path, {**ENVIRON, "SHOWN": "a-harmless-secret-0123456789"}, first)
+    secret_file.write_text(shown)
+    environ = {**ENVIRON, "SHOWN": shown}
     full = outcome(lambda: load_config(path, environ))
-    assert not isinstance(full, Config)
-    reuse = Reuse(KEY, first.read, first.texts_read, first.secrets_read, first.context_read)
-    assert outcome(lambda: load_config(path, environ, reuse)) == full
+    assert isinstance(full, list)
+    assert any("webhook 'wh-000006': field 'url': holds a secret" in each for each in full)
+    for texts in ({}, first.texts_read):
+        reuse = Reuse(KEY, first.read, texts, first.secrets_read, first.context_read)
+        assert outcome(lambda: load_config(path, environ, reuse)) == full  # noqa: B023
 
 
 HEAD = config_text(0).replace("webhooks: []\n", "webhooks:\n")
