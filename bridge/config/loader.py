@@ -1493,6 +1493,7 @@ class _Secrets:
         self._splits: dict[str, _Split] = {}
         # Windows met at more than _MOST_PLACEMENTS places of one secret (see _TooAlike).
         self._alike: set[str] = set()
+        self._folded: _Secrets | None = None  # the secrets in lowercase (scrub), made once
         for secret in secrets:
             self.add(secret)
 
@@ -1501,6 +1502,7 @@ class _Secrets:
         if len(secret) < width or secret in self._secrets:
             return
         self._secrets.add(secret)
+        self._folded = None
         if len(secret) - width + 1 < self._stride:
             self._stride = len(secret) - width + 1
             self._index, self._splits, self._alike = {}, {}, set()
@@ -1626,20 +1628,23 @@ class _Secrets:
 
     def _runs(self, text: str) -> list[tuple[int, int]]:
         """The spans of ``text`` that hold a secret, overlapping and adjacent ones merged."""
-        runs: list[tuple[int, int]] = []
         try:
-            spans = sorted(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1)))
+            return _merged(list(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1))))
         except _TooAlike:
             return [(0, len(text))]
-        for start, end in spans:
-            if runs and start <= runs[-1][1]:
-                runs[-1] = (runs[-1][0], max(runs[-1][1], end))
-            else:
-                runs.append((start, end))
-        return runs
 
     def scrub(self, text: str) -> str:
+        """``text`` with each run that holds a secret replaced by ``***``, whatever the case of
+        its letters (a message may echo a value lowercased, as a URL's host is): a text with
+        capitals, or secrets with some, is looked at twice, the second time in lowercase."""
         runs = self._runs(text)
+        if self._secrets and runs != [(0, len(text))]:
+            if self._folded is None:
+                folded = _Secrets(map(_lowercase, self._secrets))
+                self._folded = self if folded.held() == self.held() else folded
+            lowered = _lowercase(text)
+            if self._folded is not self or lowered != text:  # (else: the same runs again)
+                runs = _merged(runs + self._folded._runs(lowered))
         if not runs:
             return text
         parts, at = [], 0
@@ -1648,6 +1653,26 @@ class _Secrets:
             at = end
         parts.append(text[at:])
         return "".join(parts)
+
+
+def _lowercase(text: str) -> str:
+    """``text`` in lowercase, character for character (a character whose lowercase is longer,
+    such as U+0130, is left as it is), so that a span of it is the same span of ``text``."""
+    lowered = text.lower()
+    if len(lowered) == len(text):
+        return lowered
+    return "".join(low if len(low := char.lower()) == 1 else char for char in text)
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` in order, overlapping and adjacent ones merged."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(runs):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 class _Loader:

@@ -1874,3 +1874,21 @@ def test_a_shown_value_holding_a_secret_is_refused_whatever_the_order(
     assert any(f"{named}: {SHOWN_SECRET}" in problem for problem in problems), problems
     shown = "\n".join(problems)
     assert not any(HELD[at : at + 16] in shown for at in range(len(HELD) - 15)), shown
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        f"{HELD}!.example.com",  # an invalid label, echoed lowercased
+        f"{HELD}.123",  # ends in a number
+        f"{HELD.upper()}.example.com:99999",
+        f"{HELD}-.example.com",
+        f"x.{HELD}{HELD}{HELD}{HELD}.com",  # a label longer than 63 characters
+    ],
+)
+def test_a_message_echoing_a_secret_in_another_case_masks_it(tmp_path: Path, host: str) -> None:
+    """A URL's host is lowercased before a message echoes it: the secret in it is masked
+    whatever the case of its letters, as it is where it is written as it was."""
+    text = webhook_yaml(secret=f'"{HELD}"', url=f'"https://{host}/h"')
+    shown = "\n".join(problems_of(write(tmp_path, text))).lower()
+    assert not any(HELD[at : at + 16].lower() in shown for at in range(len(HELD) - 15)), shown

@@ -20,7 +20,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -1243,3 +1243,21 @@ def test_pyyaml_words_keep_single_characters_and_token_names_only(
     from bridge.config.loader import _yaml_words
 
     assert _yaml_words(words) == (words if said is None else said)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    secret=st.text(st.sampled_from("AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_"), min_size=16),
+    case=st.sampled_from([str.lower, str.upper, str.swapcase, str.title]),
+    before=st.text(max_size=20),
+    after=st.text(max_size=20),
+)
+def test_scrubbing_masks_a_secret_whatever_the_case_of_its_letters(
+    secret: str, case: Callable[[str], str], before: str, after: str
+) -> None:
+    """A message may echo a value with its case changed (a URL's host lowercased): the secret
+    is masked all the same, and no 16 characters of it in a row are left, in any case."""
+    from bridge.config.loader import _Secrets
+
+    masked = _Secrets([secret]).scrub(f"{before}{case(secret)}{after}").lower()
+    assert not any(secret[at : at + 16].lower() in masked for at in range(len(secret) - 15)), masked
