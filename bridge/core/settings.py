@@ -360,7 +360,10 @@ class DeliveryConfig:
         metadata=declare(
             Integer(0, 10_485_760),
             "At most this many bytes of a response body are read, then discarded (the "
-            "connection is closed if more would follow).",
+            "connection is closed if more would follow). A response in more than 8,192 parts "
+            "(header fields, trailers, body pieces, interim answers) is refused whatever this "
+            "limit: a body past the default cap fits even in one-byte chunks, a larger one "
+            "needs pieces of about `limit / 8,000` bytes or more.",
         ),
     )
     allow_private_networks: bool = field(
