@@ -360,10 +360,11 @@ class DeliveryConfig:
         metadata=declare(
             Integer(0, 10_485_760),
             "At most this many bytes of a response body are read, then discarded (the "
-            "connection is closed if more would follow). A response in more than 8,192 parts "
-            "(header fields, trailers, body pieces, interim answers) is refused whatever this "
-            "limit: a body past the default cap fits even in one-byte chunks, a larger one "
-            "needs pieces of about `limit / 8,000` bytes or more.",
+            "connection is closed if more would follow). A body in more than 8,192 pieces "
+            "counts as past the limit too (its status stands, the rest is not read). Whatever "
+            "the limit, a response with more than 8,192 parts in all (header fields, trailers, "
+            "body pieces, interim answers) without its status, or more than 256 KiB of head, "
+            "chunk framing and trailers, is refused.",
         ),
     )
     allow_private_networks: bool = field(
