@@ -4,8 +4,10 @@ never past a limit, never waiting.
 
 A plain ``open()`` of a FIFO waits for a writer for ever, and reading ``/dev/zero`` or a sparse
 file of a terabyte never ends or fills the memory. :func:`read_regular_file` opens without
-waiting (``O_NONBLOCK``), refuses anything ``fstat`` says is not a regular file, and reads at most
-one byte past the limit.
+waiting (``O_NONBLOCK``), refuses anything ``fstat`` says is not a regular file, and reads until a
+read returns nothing, at most one byte past the limit: a read may return fewer bytes than asked
+before the end (procfs and sysfs, FUSE, 9p and virtiofs, NFS), and such a file cut short would be
+a wrong key or a shorter but valid configuration.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _not_regular(mode: int) -> str:
 def read_regular_file(path: Path, limit: int) -> bytes:
     """The bytes of the regular file at ``path`` (symlinks followed), or FileRefused: it cannot
     be opened, is not a regular file (a directory, a FIFO, a device, a socket), or holds more
-    than ``limit`` bytes (``too_large``; never more than ``limit + 1`` bytes are read)."""
+    than ``limit`` bytes (``too_large``; never more than ``limit + 1`` bytes are read). It is read
+    to its end however few bytes each read returns."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -67,13 +70,15 @@ def read_regular_file(path: Path, limit: int) -> bytes:
             raise FileRefused(_not_regular(status.st_mode))
         if status.st_size > limit:
             raise FileRefused("too large", too_large=True)
-        wanted = status.st_size + 1
-        chunks = [os.read(fd, wanted)]
-        total = len(chunks[0])
-        while len(chunks[-1]) == wanted and total <= limit:  # (it grew since fstat)
-            wanted = min(_READ_CHUNK, limit + 1 - total)
-            chunks.append(os.read(fd, wanted))
-            total += len(chunks[-1])
+        chunks = []
+        total = 0
+        while total <= limit:  # (a short read is not the end: only an empty one is)
+            promised = status.st_size + 1 - total  # (the rest fstat said, and a byte to see growth)
+            chunk = os.read(fd, min(promised if promised > 0 else _READ_CHUNK, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
     except OSError as exc:
         raise FileRefused(exc.strerror or type(exc).__name__) from None
     finally:
