@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from bridge.ops.dlq import DeadLetter, Selection
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-MAX_TIMEOUT_SECONDS = 3600.0
+MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS = 0.001, 3600.0
 MAX_COUNT = 10**9
 T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
@@ -111,16 +111,17 @@ def parse_time(text: str, now: float | None = None) -> int:
 
 
 def seconds_argument(text: str) -> float:
-    """``--timeout``: a number of seconds above 0 and at most :data:`MAX_TIMEOUT_SECONDS` (not
-    ``nan``, ``inf`` or ``1e300``, which no socket or Kafka call takes)."""
+    """``--timeout``: a number of seconds from :data:`MIN_TIMEOUT_SECONDS` to
+    :data:`MAX_TIMEOUT_SECONDS` (not ``nan``, ``inf``, ``1e300`` or ``1e-320``, which no socket
+    or Kafka call takes)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= MAX_TIMEOUT_SECONDS:  # (nan compares false)
+    if not MIN_TIMEOUT_SECONDS <= value <= MAX_TIMEOUT_SECONDS:  # (nan compares false)
         raise argparse.ArgumentTypeError(
-            f"must be a number of seconds above 0 and at most {MAX_TIMEOUT_SECONDS:g}, "
-            f"got {_given(text)}"
+            f"must be a number of seconds from {MIN_TIMEOUT_SECONDS:g} to "
+            f"{MAX_TIMEOUT_SECONDS:g}, got {_given(text)}"
         )
     return value
 
@@ -137,8 +138,10 @@ def count_argument(text: str) -> int:
 def operator_url(text: str) -> str:
     """``status --url``: the operator address of a bridge, ``http(s)://HOST[:PORT][/PATH]`` or
     ``HOST:PORT`` (http), judged as a webhook URL is (:func:`parse_webhook_url`: a valid host and
-    port, no whitespace or control character, no userinfo), as it will be requested. The error
-    never echoes the URL: it may hold a password."""
+    port, no whitespace or control character within, no userinfo) once the whitespace around it
+    is stripped, as it will be requested. The error never echoes the URL: it may hold a
+    password."""
+    text = text.strip()
     url = text if "://" in text else f"http://{text}"
     try:
         parts = parse_webhook_url(url)

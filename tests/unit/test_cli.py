@@ -250,6 +250,10 @@ def test_check_shows_the_host_connected_to(
         (["dlq", "list", "--limit", "-1"], "--limit"),
         (["dlq", "list", "--limit", "1e3"], "--limit"),
         (["dlq", "list", "--limit", "9" * 5000], "--limit"),
+        (["status", "--timeout", "1e-320"], "--timeout"),
+        (["status", "--timeout", "0.0009"], "--timeout"),
+        (["status", "--url", " http://a b:1 "], "--url"),
+        (["status", "--url", "\x1b[2J127.0.0.1:9464"], "--url"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_them(
@@ -269,11 +273,20 @@ def test_bad_arguments_exit_2_with_one_line_naming_them(
         ("127.0.0.1:9464", "http://127.0.0.1:9464/"),
         ("http://[::1]:9464/status", "http://[::1]:9464/status"),
         ("https://Bridge.Example", "https://bridge.example/"),
+        (" 127.0.0.1:9464", "http://127.0.0.1:9464/"),  # (pasted with the space around it)
+        ("\thttp://[::1]:9464/status \n", "http://[::1]:9464/status"),
     ],
 )
 def test_status_url_is_taken_as_it_will_be_requested(given: str, requested: str) -> None:
     args = build_parser().parse_args(["status", "--url", given, "--timeout", "0.5"])
     assert (args.url, args.timeout) == (requested, 0.5)
+
+
+def test_a_timeout_says_its_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["status", "--timeout", "1e-320"])
+    assert "from 0.001 to 3600, got '1e-320'" in capsys.readouterr().err
+    assert build_parser().parse_args(["status", "--timeout", "0.001"]).timeout == 0.001
 
 
 def test_table_cells_cannot_write_control_sequences_or_lines() -> None:
