@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS = 0.001, 3600.0
+MAX_AGE_DIGITS = 12  # (10**12 seconds is 31,000 years: past 1970 whatever the unit)
+MAX_USAGE_MESSAGE = 300  # characters of a usage error, the values it echoes included
 MAX_COUNT = 10**9
 T = TypeVar("T")
 CONFIG_ENV = "BRIDGE_CONFIG"
@@ -91,19 +93,24 @@ def config_path(args: argparse.Namespace) -> str:
 
 
 def parse_time(text: str, now: float | None = None) -> int:
-    """A time filter as unix ms: ISO 8601 (``2026-03-14T09:00:00Z``) or an age (``90m``)."""
+    """A time filter as unix ms: ISO 8601 (``2026-03-14T09:00:00Z``) or an age (``90m``) that
+    reaches back no further than 1970 (an age of thousands of digits is refused unread)."""
     now = time.time() if now is None else now
     age = re.fullmatch(r"(\d+)([smhd])", text.strip())
     if age:
-        seconds = int(age.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[age.group(2)]
+        digits, unit = age.groups()
+        if len(digits) > MAX_AGE_DIGITS:
+            seconds = math.inf
+        else:
+            seconds = int(digits) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
         if seconds > now:
-            raise argparse.ArgumentTypeError(f"{text!r} reaches back before 1970")
+            raise argparse.ArgumentTypeError(f"{_given(text)} reaches back before 1970")
         return int((now - seconds) * 1000)
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither an ISO 8601 time nor an age like 30m, 2h, 7d"
+            f"{_given(text)} is neither an ISO 8601 time nor an age like 30m, 2h, 7d"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
@@ -167,9 +174,14 @@ class UsageParser(argparse.ArgumentParser):
     where the usage is), exit code 2; subcommands' parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
-        """Print ``error: MESSAGE (see `PROG --help`)`` on stderr and exit 2; a URL's userinfo
-        that argparse echoes (``unrecognized arguments: http://user:pw@host``) is masked."""
-        message = _USERINFO.sub(r"\1***@", message)
+        """Print ``error: MESSAGE (see `PROG --help`)`` on stderr and exit 2. What argparse
+        echoes of the command line is made safe: a URL's userinfo masked (``unrecognized
+        arguments: http://user:pw@host``), control characters escaped (:func:`printable`: no
+        argument writes an escape sequence to the terminal), the message cut at
+        :data:`MAX_USAGE_MESSAGE` characters."""
+        message = printable(_USERINFO.sub(r"\1***@", message))
+        if len(message) > MAX_USAGE_MESSAGE:
+            message = f"{message[: MAX_USAGE_MESSAGE - 3]}..."
         self.exit(EXIT_USAGE, f"error: {message} (see `{self.prog} --help`)\n")
 
 

@@ -20,6 +20,9 @@ def test_parse_time_accepts_ages_and_iso_times() -> None:
 def test_parse_time_rejects_nonsense_with_a_hint() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="age like 30m"):
         parse_time("yesterday")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^'1{37}\.\.\.' reaches back before 19"):
+        parse_time("1" * 5000 + "s")
+    assert parse_time("1" * 12 + "s", now=2e12) == (2_000_000_000_000 - 111_111_111_111) * 1000
 
 
 def test_missing_config_is_a_usage_error(
@@ -254,6 +257,14 @@ def test_check_shows_the_host_connected_to(
         (["status", "--timeout", "0.0009"], "--timeout"),
         (["status", "--url", " http://a b:1 "], "--url"),
         (["status", "--url", "\x1b[2J127.0.0.1:9464"], "--url"),
+        (["dlq", "list", "--since", "1" * 5000 + "s"], "--since"),
+        (["dlq", "list", "--since", "1" * 13 + "s"], "--since"),
+        (["dlq", "replay", "--until", "9" * 5000 + "x"], "--until"),
+        (["dlq", "list", "--since", "\x1b]0;pwned\x07" * 500], "--since"),
+        (["check", "--x\x1b]0;pwned\x07"], "unrecognized arguments: --x\\x1b]0;pwned\\x07"),
+        (["check", "--x" + "\x1b[2J" * 5000], "unrecognized arguments"),
+        (["check", *["--y"] * 5000], "unrecognized arguments"),
+        (["bogus\x1b[31m" + "x" * 5000], "invalid choice"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_them(
@@ -264,6 +275,7 @@ def test_bad_arguments_exit_2_with_one_line_naming_them(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and named in err, err
+    assert err[:-1].isprintable() and len(err) < 400, "no escape sequence, nothing echoed whole"
     assert "Traceback" not in err and "hunter2" not in err and "alice" not in err, err
 
 

@@ -89,6 +89,7 @@ def parse_quietly(argv: Sequence[str]) -> argparse.Namespace | int:
 @example(argv=["dlq", "list", "--since", "9" * 400 + "d"])  # an age past any date
 @example(argv=["dlq", "replay", "--until", "0001-01-01T00:00:00+05:00"])
 @example(argv=["check", "--timeout", "1e400"])
+@example(argv=["dlq", "list", "--since", "1" * 5000 + "s"])  # past int()'s digit limit
 def test_any_argv_parses_or_exits_with_usage(argv: list[str]) -> None:
     parsed = parse_quietly(argv)
     if isinstance(parsed, argparse.Namespace):
