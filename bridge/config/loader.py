@@ -626,19 +626,26 @@ def _text(value: Any) -> str:
     return value
 
 
-_NOT_SHOWN: Final = frozenset({"Cc", "Cf", "Zl", "Zp"})
-"""Unicode categories an account holder id may not hold: controls, format characters (bidi
-controls, zero-width marks), line and paragraph separators."""
+_NOT_SHOWN: Final = frozenset({"Cc", "Zl", "Zp"})
+"""Unicode categories an account holder id may not hold: controls, line and paragraph
+separators. Other format characters (Cf) are part of ordinary ids (ZWNJ in Persian, ZWJ in
+emoji, tag characters in flags, a soft hyphen): they are escaped when shown (``printable``)."""
+_BIDI_CONTROLS: Final = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""The format characters an account holder id may not hold: the bidi controls, which reorder
+the text shown around them."""
 
 
 def _account(value: Any) -> str:
     account = _text(value)
     if not account.isprintable():  # (else nothing to look for)
         for at, char in enumerate(account):
-            if unicodedata.category(char) in _NOT_SHOWN:
+            if char in _BIDI_CONTROLS or unicodedata.category(char) in _NOT_SHOWN:
                 raise _Invalid(
-                    f"contains a control or format character (U+{ord(char):04X}) at position "
-                    f"{at}: an account holder id is text that can be shown"
+                    f"contains a control character, line separator or bidi control "
+                    f"(U+{ord(char):04X}) at position {at}: an account holder id is text that "
+                    "can be shown"
                 )
     return account
 

@@ -166,7 +166,7 @@ def _kind_text(kind: Kind) -> str:
         case Text():
             return "string"
         case AccountId():
-            return "string without control or format characters"
+            return "string without control characters or bidi controls"
         case SecretText():
             return 'string: inline or `"${ENV_VAR}"`'
         case FilePath() | DirectoryPath():

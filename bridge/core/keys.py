@@ -31,8 +31,8 @@ class Text(NamedTuple):
 
 
 class AccountId(NamedTuple):
-    """An account holder's id: text that is not blank, without control characters, format
-    characters (bidi controls, zero-width marks) or line and paragraph separators."""
+    """An account holder's id: text that is not blank, without control characters, bidi
+    controls or line and paragraph separators (other format characters are part of ids)."""
 
 
 class FilePath(NamedTuple):

@@ -135,8 +135,9 @@ class Webhook:
         metadata=declare(
             AccountId(),
             "The account holder (the record's `accountHolderId`). No control characters "
-            "(`\\n`, `\\x1b`...), bidi controls or other format characters (U+202E, U+200B...) "
-            "and no line separators: `bridge check` prints it.",
+            "(`\\n`, `\\x1b`...), line separators or bidi controls (U+202E, U+2066...): "
+            "`bridge check` prints it. Other format characters (ZWNJ, ZWJ, a soft hyphen...) "
+            "are taken as written and escaped when printed.",
         )
     )
     url: str = field(

@@ -696,23 +696,46 @@ def test_surrogates_and_nul_in_secrets_are_problems(tmp_path: Path) -> None:
         ('"acct\\e[2J\\e]0;owned\\a\\r\\nfake  row"', "U+001B"),
         ('"acct\\N"', "U+0085"),  # next line
         ('"acct\\u202e321"', "U+202E"),  # right-to-left override
-        ('"acct\\u200b_1"', "U+200B"),  # zero-width space
+        ('"acct\\u061c321"', "U+061C"),  # Arabic letter mark
+        ('"acct\\u200f321"', "U+200F"),  # right-to-left mark
+        ('"acct\\u2066321"', "U+2066"),  # left-to-right isolate
         ('"acct\\L_1"', "U+2028"),  # line separator
+        ('"acct\\P_1"', "U+2029"),  # paragraph separator
         ('"acct\\t1"', "U+0009"),
     ],
 )
-def test_an_account_with_control_or_format_characters_is_a_problem(
+def test_an_account_with_control_characters_or_bidi_controls_is_a_problem(
     tmp_path: Path, account: str, code: str
 ) -> None:
     problem = only_problem(write(tmp_path, webhook_yaml(account=account)))
-    assert problem.startswith(f"{SHOP} 'account': contains a control or format character ({code})")
+    assert problem.startswith(
+        f"{SHOP} 'account': contains a control character, line separator or bidi control ({code})"
+    )
     assert problem.isprintable()
 
 
-def test_an_account_of_any_printable_text_is_taken_as_written(tmp_path: Path) -> None:
-    for account in ("+221770000000", "acct 42", "compte-\u00e9t\u00e9", "\u53e3\u5ea7/7"):
-        config = load_config(write(tmp_path, webhook_yaml(account=f'"{account}"')), {})
-        assert config.webhooks[0].account == account
+@pytest.mark.parametrize(
+    "account",
+    [
+        "+221770000000",
+        "acct 42",
+        "compte-\u00e9t\u00e9",
+        "\u53e3\u5ea7/7",
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, a ZWNJ (U+200C)
+        "team-\U0001f468\u200d\U0001f4bb",  # an emoji ZWJ sequence (U+200D)
+        "acct-\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",  # a flag
+        "acct\u00ad42",  # a soft hyphen
+        "\ufeffacct42",  # a byte order mark
+        "acct\u200b_1",  # a zero-width space
+        "acct\u00a042",  # a no-break space
+    ],
+)
+def test_an_account_of_printable_or_format_characters_is_taken_as_written(
+    tmp_path: Path, account: str
+) -> None:
+    written = account.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    config = load_config(write(tmp_path, webhook_yaml(account=f'"{written}"')), {})
+    assert config.webhooks[0].account == account
 
 
 def test_a_file_name_cannot_split_its_problem_line(tmp_path: Path) -> None:
