@@ -1452,6 +1452,22 @@ def _needed(secret: str) -> int:
     return min(len(secret), _stretch(len(secret)) + _SHOWN_PART - _SCRUB_MIN_LENGTH)
 
 
+def _echoed(secret: str) -> set[str]:
+    """Every form ``secret`` takes in a message: as written, inside a ``repr`` (a message quotes
+    a value so: backslashes, tabs, line breaks and characters that are not printable escaped,
+    ``'`` escaped or not, by the quotes the whole value needed) and as :func:`printable` writes
+    it (a line of output). Each is looked for as a secret of its own."""
+    if secret.isprintable() and "\\" not in secret and "'" not in secret:
+        return {secret}  # (nearly every secret: repr and printable leave it as it is)
+    quoted = repr(secret)
+    body = quoted[1:-1]
+    if quoted[0] == "'" and "'" in secret:  # (both quotes in it: each ' escaped)
+        other = body.replace("\\'", "'")
+    else:
+        other = body.replace("'", "\\'")
+    return {secret, body, other, printable(secret)}
+
+
 _Split: TypeAlias = dict[int, dict[str, dict[tuple[str, int], None]]]
 """What :meth:`_Secrets._split` makes of a shared window: by length, each string of the secrets
 around it, and where the window is in each secret that holds the string there."""
@@ -1505,6 +1521,11 @@ class _Secrets:
             self.add(secret)
 
     def add(self, secret: str) -> None:
+        """Look for ``secret`` in every form a message can show it in (:func:`_echoed`)."""
+        for form in _echoed(secret):
+            self._add(form)
+
+    def _add(self, secret: str) -> None:
         width = _SCRUB_MIN_LENGTH
         if len(secret) < width or secret in self._secrets:
             return

@@ -1261,3 +1261,74 @@ def test_scrubbing_masks_a_secret_whatever_the_case_of_its_letters(
 
     masked = _Secrets([secret]).scrub(f"{before}{case(secret)}{after}").lower()
     assert not any(secret[at : at + 16].lower() in masked for at in range(len(secret) - 15)), masked
+
+
+_ECHO_CHARS = (
+    "AbCdEfGhIjKlMnOp0123456789-./:\\'\"\t\n \xa0\x01\x1b\x7f\x85\u00e9\u5b57\u202e\U0001f600"
+)
+"""Letters and digits, and what a message's ``repr`` or a printed line escapes or may change."""
+
+
+def _yaml_string(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar, every character but printable ASCII escaped."""
+    return '"{}"'.format(
+        "".join(
+            char
+            if " " <= char <= "~" and char not in '"\\'
+            else f"\\{char}"
+            if char in '"\\'
+            else f"\\u{ord(char):04x}"
+            if ord(char) < 0x10000
+            else f"\\U{ord(char):08x}"
+            for char in text
+        )
+    )
+
+
+_ECHOING_FIELDS = {  # the document with the secret in one field whose problem echoes it
+    "events": ("", 'url: "https://example.com/h"\n    events: [{q}]'),
+    "topic": ("topics:\n  source: {q}\n", ""),
+    "choice": ("logging:\n  level: {q}\n", ""),
+    "network": ("delivery:\n  allowed_networks: [{q}]\n", ""),
+    "property name": ("kafka:\n  properties:\n    {q}: x\n", ""),
+    "host": ("", 'url: "https://{e}.example.com/h"\n    events: ["transaction.success"]'),
+    "label": ("", 'url: "https://ok.{e}.example.com/h"\n    events: ["transaction.success"]'),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    secret=st.text(st.sampled_from(_ECHO_CHARS), min_size=16, max_size=40),
+    field_name=st.sampled_from(sorted(_ECHOING_FIELDS)),
+)
+@example(secret="Kx7\\vQ9m\\Lp2Rt8Wz", field_name="events")
+@example(secret="Kx7vQ9mL\tp2Rt8WzAbcdEf", field_name="events")
+def test_a_secret_echoed_by_repr_or_printed_escaped_is_masked(
+    files: Files, secret: str, field_name: str
+) -> None:
+    """A message quotes a value with ``repr`` (backslashes, tabs, line breaks and characters
+    that are not printable escaped) and a problem line is printed escaped: no 16 characters in
+    a row of the secret, of its ``repr`` or of its printed form are shown, in any case."""
+    from bridge.core.errors import printable
+
+    top, hook = _ECHOING_FIELDS[field_name]
+    quoted = _yaml_string(secret)
+    written = {"q": quoted, "e": quoted[1:-1]}
+    hook = (
+        hook.format(**written)
+        or 'url: "https://example.com/h"\n    events: ["transaction.success"]'
+    )
+    files.config.write_text(
+        f'{top.format(**written)}webhooks:\n  - id: "w1"\n    account: "a"\n    {hook}\n'
+        f"    secret: {quoted}\n",
+        encoding="utf-8",
+    )
+    try:
+        load_config(files.config, ENVIRON)
+    except ConfigError as error:
+        shown = str(error).lower()
+    else:
+        shown = ""
+    for form in {secret, repr(secret)[1:-1], printable(secret)}:
+        for at in range(len(form) - 15):
+            assert form[at : at + 16].lower() not in shown, shown
