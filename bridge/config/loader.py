@@ -109,7 +109,13 @@ from bridge.core.settings import (
     sha256_hex,
 )
 from bridge.core.signing import standard_webhooks_key
-from bridge.core.urls import UrlError, WebhookUrl, parse_webhook_url
+from bridge.core.urls import (
+    UrlError,
+    WebhookUrl,
+    parse_webhook_url,
+    shown_authority,
+    url_authority,
+)
 from bridge.core.webhook import (
     DEFAULT_SIGNATURE,
     EVENTS,
@@ -942,9 +948,23 @@ def _text_digest(segment: str, key: bytes) -> bytes:
 
 def _shown(content: _Content) -> str:
     """A webhook's shown fields (as :meth:`_Loader.kept` checks them), one per line."""
-    return "\n".join(
-        value for key, tag, value in content if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG
-    )
+    shown = [value for key, tag, value in content if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG]
+    urls = [value for key, tag, value in content if key == "url" and tag == _STR_TAG]
+    host = _shown_host(urls[-1]) if urls else None
+    return "\n".join(shown if host is None else [*shown, host])
+
+
+def _shown_host(url: str) -> str | None:
+    """The authority ``bridge check`` shows for a webhook's ``url`` (:func:`shown_authority`:
+    lowercased, its host mapped by UTS-46) when it is not the one written, else None: it is
+    shown, so checked as the URL is. (Most URLs are ASCII in lowercase: nothing to work out.)"""
+    if url.isascii() and url.islower():
+        return None
+    try:
+        shown = shown_authority(url)
+    except UrlError:  # (a URL as written that is not valid: never shown)
+        return None
+    return None if shown == url_authority(url) else shown
 
 
 def _may_note(segment: str) -> bool:
@@ -2224,6 +2244,10 @@ class _Loader:
             for key in keys
             if isinstance(value := values.get(key), (str, Path)) and not _secret_key(key)
         ]
+        url = values.get("url") if naming is not None else None
+        host = _shown_host(url) if isinstance(url, str) else None
+        if host is not None:  # (the authority bridge check shows, when not as written)
+            shown.append(("url", host, nodes.get("url")))
         if shown:
             # Looked up together first (one call, not one per field: a tenth of a load): a
             # value holding a secret makes the joined text hold it, so only then one by one.
@@ -2245,13 +2269,21 @@ class _Loader:
                 named = given_id is not None and not found_in(given_id)
                 where = _webhook_where(f"webhook '{given_id}'" if named else f"webhook #{index}")
             if isinstance(shown, MappingNode):  # a kept webhook: plain scalars, each key once
-                shown = [
+                fields = [
                     (key.value, value.value, value)
                     for key, value in shown.value
                     if key.value in _SHOWN_WEBHOOK_KEYS and value.tag == _STR_TAG
                 ]
+                hosts = [
+                    ("url", host, node)
+                    for key, value, node in fields
+                    if key == "url" and (host := _shown_host(value)) is not None
+                ]
+                shown = fields + hosts
+            refused = set()  # (a URL and the authority shown of it: one problem)
             for key, value, node in shown:
-                if found_in(value):
+                if key not in refused and found_in(value):
+                    refused.add(key)
                     self.problem(node, where(key), _SHOWN_SECRET)
 
     def kafka_properties(self, section: _Values) -> Mapping[str, str | Secret]:

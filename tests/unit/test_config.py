@@ -991,6 +991,35 @@ def test_a_webhook_url_holding_a_secret_is_refused(tmp_path: Path) -> None:
     assert only_problem(write(tmp_path, text)) == f"{SHOP} 'url': {SHOWN_SECRET}"
 
 
+HOST_SECRET = "zq9xwlmn8pkdr4tyvb2c"
+
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(char) + 0xFEE0) for char in text)
+
+
+@pytest.mark.parametrize(
+    ("host", "secret"),
+    [
+        (HOST_SECRET.upper(), HOST_SECRET),  # lowercased when shown
+        (_fullwidth(HOST_SECRET), HOST_SECRET),  # mapped to ASCII (UTS-46)
+        (_fullwidth(HOST_SECRET.upper()), HOST_SECRET),
+        (f"{HOST_SECRET[:10]}\uff0e{HOST_SECRET[10:]}", f"{HOST_SECRET[:10]}.{HOST_SECRET[10:]}"),
+        (
+            f"{HOST_SECRET[:10]}\u3002{HOST_SECRET[10:].upper()}",
+            f"{HOST_SECRET[:10]}.{HOST_SECRET[10:]}",
+        ),
+    ],
+)
+def test_a_webhook_url_whose_host_shown_holds_a_secret_is_refused(
+    tmp_path: Path, host: str, secret: str
+) -> None:
+    """``bridge check`` shows a URL's host lowercased and mapped: what it shows is checked, not
+    only the URL as written (once: one problem for the field)."""
+    text = webhook_yaml(secret=f'"{secret}"', url=f'"https://{host}.example.com/h"')
+    assert only_problem(write(tmp_path, text)) == f"{SHOP} 'url': {SHOWN_SECRET}"
+
+
 SHOWN_PART = 16  # what the loader's messages say: "16 characters of one in a row"
 
 

@@ -450,3 +450,39 @@ def test_webhooks_cross_to_the_parent_by_pickle_field_for_field(tmp_path: Path) 
             assert type(getattr(after, name)) is type(getattr(before, name))
     assert {w.tls for w in webhooks} != {webhooks[0].tls}  # TLS settings of more than one kind
     assert any(w.previous_secret is not None for w in webhooks)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["ZQ9XWLMN8PKDR4TYVB2C", "".join(chr(ord(char) + 0xFEE0) for char in "zq9xwlmn8pkdr4tyvb2c")],
+)
+def test_a_kept_webhooks_host_shown_holding_a_new_secret_is_refused(
+    tmp_path: Path, host: str
+) -> None:
+    """A webhook kept (built before, or from its text alone) whose URL's host is shown
+    lowercased or mapped as a secret of the edited file: refused, as by a full load."""
+    before = base_text(tmp_path / "hook.secret")
+    start, end = hook_block(before, "wh-000006")
+    before = (
+        before[:start]
+        + re.sub(r"url: [^\n]*", f'url: "https://{host}.example.com/h"', before[start:end])
+        + before[end:]
+    )
+    start, end = hook_block(before, "wh-000003")
+    after = (
+        before[:start]
+        + re.sub(r"secret: [^\n]*", 'secret: "zq9xwlmn8pkdr4tyvb2c"', before[start:end])
+        + before[end:]
+    )
+    assert after != before
+    path = tmp_path / "bridge.yaml"
+    path.write_text(before)
+    first = Reuse(KEY, {})
+    load_config(path, ENVIRON, first)
+    path.write_text(after)
+    full = outcome(lambda: load_config(path, ENVIRON))
+    assert isinstance(full, list)
+    assert any("webhook 'wh-000006': field 'url': holds a secret" in each for each in full)
+    for texts in ({}, first.texts_read):
+        reuse = Reuse(KEY, first.read, texts, first.secrets_read, first.context_read)
+        assert outcome(lambda: load_config(path, ENVIRON, reuse)) == full  # noqa: B023
