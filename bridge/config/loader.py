@@ -1454,6 +1454,12 @@ character, and :data:`_WORK_BASE` more. A real text uses a few; one made to look
 secrets at once (a config author's periodic or shared-prefix secrets) reaches it, and is then
 taken to hold a secret (see :class:`_TooAlike`)."""
 
+_WORK_PER_LOAD: Final = 200_000
+"""How many placements the texts of one load may have measured in all (its secrets and their
+lowercase twin together), a few microseconds each: a file can bring 1,000 problems of 2,000
+characters, each within its own bound, and made to look like its secrets in capitals they took
+33 s to mask. Past it every text is taken to hold a secret (see :class:`_TooAlike`)."""
+
 
 _MOST_PLACEMENTS: Final = 8
 """A window indexed at more places than this in one secret (a periodic secret: ``abab...``) is
@@ -1519,10 +1525,11 @@ class _Secrets:
     The work is bounded by the text whatever the secrets: a shared window's split is kept and
     each new secret keyed into it; a text may have at most :data:`_WORK_PER_CHARACTER`
     placements measured per character (and :data:`_WORK_BASE`); a window met at more than
-    :data:`_MOST_PLACEMENTS` places of one secret is not measured. A text past either is
-    *too alike* (:class:`_TooAlike`): it is taken to hold a secret, so it is refused if shown
-    and masked whole in a message. Only a periodic secret, or many secrets with a long common
-    part, can make a text so."""
+    :data:`_MOST_PLACEMENTS` places of one secret is not measured; and the texts of one
+    index (one load) at most :data:`_WORK_PER_LOAD` placements in all. A text past any of them
+    is *too alike* (:class:`_TooAlike`): it is taken to hold a secret, so it is refused if
+    shown and masked whole in a message. Only a periodic secret, or many secrets with a long
+    common part, can make a text so."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
@@ -1537,6 +1544,7 @@ class _Secrets:
         # Windows met at more than _MOST_PLACEMENTS places of one secret (see _TooAlike).
         self._alike: set[str] = set()
         self._folded: _Secrets | None = None  # the secrets in lowercase (scrub), made once
+        self._work = [_WORK_PER_LOAD]  # placements left to measure (shared with _folded)
         for secret in secrets:
             self.add(secret)
 
@@ -1623,10 +1631,12 @@ class _Secrets:
     def _spans(self, text: str, starts: range) -> Iterator[tuple[int, int]]:
         """The runs of ``text`` long enough to hold a secret (see the class) that hold a window
         indexed at one of ``starts``, each once (windows of a run met again are skipped).
-        Raises :class:`_TooAlike` past the bound of :data:`_WORK_PER_CHARACTER`."""
+        Raises :class:`_TooAlike` past the bound of :data:`_WORK_PER_CHARACTER`, or once the
+        index has measured :data:`_WORK_PER_LOAD` placements in all."""
         width, index = _SCRUB_MIN_LENGTH, self._index
         measured: dict[tuple[str, int], int] = {}  # (secret, alignment): end of its run
         work = _WORK_BASE + _WORK_PER_CHARACTER * len(text)
+        left = self._work  # (the load's, spent as this text's is)
         for at in starts:
             window = text[at : at + width]
             held = index.get(window)
@@ -1647,7 +1657,8 @@ class _Secrets:
                 )
             for secret, offset in candidates:
                 work -= 1
-                if work < 0:
+                left[0] -= 1
+                if work < 0 or left[0] < 0:
                     raise _TooAlike
                 alignment = (secret, at - offset)
                 if measured.get(alignment, -1) >= at + width or _needed(secret) > len(text):
@@ -1689,6 +1700,7 @@ class _Secrets:
         if self._secrets and runs != [(0, len(text))]:
             if self._folded is None:
                 folded = _Secrets(map(_lowercase, self._secrets))
+                folded._work = self._work
                 self._folded = self if folded.held() == self.held() else folded
             lowered = _lowercase(text)
             if self._folded is not self or lowered != text:  # (else: the same runs again)

@@ -983,6 +983,28 @@ def test_measuring_is_bounded_by_the_length_of_the_text(monkeypatch: pytest.Monk
     assert len(agreements) <= 2 * (_WORK_BASE + _WORK_PER_CHARACTER * len(text))
 
 
+def test_measuring_is_bounded_for_the_whole_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each text within its own bound, a thousand of them could still measure millions of
+    placements (a file of 1,000 problems made of its template secrets in capitals: 33 s to
+    mask). One index measures at most _WORK_PER_LOAD in all, its lowercase twin's included;
+    past that every text that meets a secret's window is masked whole."""
+    from bridge.config.loader import _Secrets
+
+    monkeypatch.setattr(loader, "_WORK_PER_LOAD", 20_000)  # (smaller: the test stays quick)
+    shared = "Sk-Shared-Template-Prefix-0123456789ABCD"
+    index = _Secrets([f"{shared}{n:06d}" for n in range(3000)])
+    texts = [
+        f"unknown key {shared[:20].upper()}{n} (known keys: {shared[:30]} and more)"
+        for n in range(1000)
+    ]
+    agreements = _counting(monkeypatch, loader, "_agreement")
+    scrubbed = [index.scrub(text) for text in texts]
+    assert len(agreements) <= 2 * 20_000  # (each placement measures two ways)
+    for text in scrubbed:
+        assert shared[:16].lower() not in text.lower()
+    assert index.scrub("an ordinary message") == "an ordinary message"
+
+
 def test_long_secrets_sharing_16_characters_are_told_apart_by_their_need(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
