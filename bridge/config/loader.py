@@ -984,7 +984,7 @@ the path its message starts with."""
 _ShownFields: TypeAlias = Sequence[tuple[str, str, Node | None]] | MappingNode
 """Shown values to check, each ``(key, text, node)``; or a kept webhook's mapping, whose shown
 keys are read from it when one holds a secret (:meth:`_Loader.check_shown`)."""
-_Shown: TypeAlias = tuple[str, _Source, Where, _ShownFields, tuple[str | None, int] | None]
+_Shown: TypeAlias = tuple[str, _Source, Where | None, _ShownFields, tuple[str | None, int] | None]
 """Shown values noted while loading (:meth:`_Loader.refuse_shown_secrets`): their text joined
 (looked up first), their file, how their fields are named, the fields, and for a webhook its
 id as written and its place in its list (it is named once every secret is known)."""
@@ -2264,7 +2264,9 @@ class _Loader:
             # Looked up together first (one call, not one per field: a tenth of a load): a
             # value holding a secret makes the joined text hold it, so only then one by one.
             text = shown[0][1] if len(shown) == 1 else "\0".join(each[1] for each in shown)
-            self._shown.append((text, self._source, section.where, shown, naming))
+            # (a webhook is named in check_shown: its ``where`` is not kept, 10,000 closures)
+            where = section.where if naming is None else None
+            self._shown.append((text, self._source, where, shown, naming))
 
     def check_shown(self) -> None:
         """Report each shown value noted (:meth:`refuse_shown_secrets`, :meth:`kept`...) that
@@ -2280,6 +2282,7 @@ class _Loader:
                 given_id, index = naming
                 named = given_id is not None and not found_in(given_id)
                 where = _webhook_where(f"webhook '{given_id}'" if named else f"webhook #{index}")
+            assert where is not None  # (only a webhook's is left out)
             if isinstance(shown, MappingNode):  # a kept webhook: plain scalars, each key once
                 fields = [
                     (key.value, value.value, value)
@@ -2569,8 +2572,7 @@ class _Loader:
         kept = self.kept(content, given_id, reuse, context)
         if kept:  # its shown fields, as written (checked by check_shown, as a built one's)
             assert isinstance(item, MappingNode)  # (_reusable_content says so)
-            where = _webhook_where(f"webhook '{given_id}'")
-            self._shown.append((_shown(content), self._source, where, item, (given_id, index)))
+            self._shown.append((_shown(content), self._source, None, item, (given_id, index)))
         text = self._text_of.get(id(item))
         if text is not None:
             self._fresh.append((text, _noted(content, given_id, reuse.read[given_id])))
