@@ -401,7 +401,9 @@ class _Connection(asyncio.Protocol):
         # response may still bring is parsed, the rest ends it below.
         room = self.response_limit - self.response_bytes
         over = len(data) > room
+        blank = False  # what is past the bound is empty lines (after a response, let through)
         if over:
+            blank = not data[room:].strip(b"\r\n")
             data = data[:room]
         self.response_bytes += len(data)  # (while the status is unknown: all of them the head's)
         self.reads += 1
@@ -412,7 +414,7 @@ class _Connection(asyncio.Protocol):
         except Exception as exc:  # llhttp's errors, our _Stop (wrapped by httptools), any bug
             problem = self.problem or f"malformed HTTP response: {exc}"[:200]
         else:
-            if self.complete and not over:  # exactly one complete response, nothing after it
+            if self.complete and (blank or not over):  # one complete response, nothing after
                 self._settle()
                 if self.sessions is not None:
                     self._keep_session()

@@ -624,6 +624,39 @@ def test_a_response_is_parsed_within_its_bytes_and_parts_whatever_it_is_made_of(
         assert parts <= PARTS_PER_RESPONSE + 1  # (the one past the bound ends it)
 
 
+@pytest.mark.parametrize(
+    ("after", "outcome"),
+    [(b"", 200), (b"\r\n", 200), (b"\r\n\r\n\n", 200), (b"H", "invalid_response")],
+)
+def test_a_response_ending_at_its_bound_is_read_and_only_empty_lines_may_follow(
+    after: bytes, outcome: object
+) -> None:
+    """A response that ends exactly where its bytes bound does, in one segment with what follows:
+    its status, and the connection kept, when nothing or only empty lines follow (as within the
+    bound); a byte of anything else after it fails the attempt, as bytes after a response do."""
+    limit = 2 * 4096 + 8 * 1024  # (the test client's limits)
+    body = b"\r\n" + b"x" * 10 + b"\r\n0\r\n\r\n"  # (a chunk extension pads it to the bound)
+    start = CHUNKED_200 + b"a;"
+    answer = start + b"e" * (limit - len(start) - len(body)) + body
+    assert len(answer) == limit
+
+    async def script(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r: Receiver
+    ) -> None:
+        await answer_each(reader, writer, r, answer + after)
+
+    async def test(http: HttpClient, url: str, r: Receiver) -> None:
+        if outcome == 200:
+            assert await http.post(url, HEADERS, b"{}", 5.0) == 200
+            await settle()
+            assert pooled(http) == 1
+        else:
+            error = await failure(http, url)
+            assert error.detail == "bytes after the response (a second response?)", error
+
+    run(script, test)
+
+
 @pytest.mark.parametrize("pieces", [1, 40])
 def test_a_head_larger_than_the_limit_is_an_invalid_response(pieces: int) -> None:
     header = b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 200) for i in range(40))
