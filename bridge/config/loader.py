@@ -643,6 +643,11 @@ _BIDI_CONTROLS: Final = frozenset(
 the text shown around them."""
 
 
+_INVISIBLE: Final = frozenset({"Cf", "Zs"})
+"""The categories of characters an account id may hold but not be made of alone (a zero-width
+space, a soft hyphen, a byte-order mark: printed nowhere but escaped)."""
+
+
 def _account(value: Any) -> str:
     account = _text(value)
     if not account.isprintable():  # (else nothing to look for)
@@ -653,6 +658,11 @@ def _account(value: Any) -> str:
                     f"(U+{ord(char):04X}) at position {at}: an account holder id is text that "
                     "can be shown"
                 )
+        if all(unicodedata.category(char) in _INVISIBLE for char in account):
+            raise _Invalid(
+                "has no visible character (only format characters or spaces): an account "
+                "holder id is text that can be shown"
+            )
     return account
 
 

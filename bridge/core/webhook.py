@@ -137,7 +137,8 @@ class Webhook:
             "The account holder (the record's `accountHolderId`). No control characters "
             "(`\\n`, `\\x1b`...), line separators or bidi controls (U+202E, U+2066...): "
             "`bridge check` prints it. Other format characters (ZWNJ, ZWJ, a soft hyphen...) "
-            "are taken as written and escaped when printed.",
+            "are taken as written and escaped when printed, but not an id made of them (or "
+            "spaces) alone, which nothing would show.",
         )
     )
     url: str = field(

@@ -738,6 +738,20 @@ def test_an_account_of_printable_or_format_characters_is_taken_as_written(
     assert config.webhooks[0].account == account
 
 
+@pytest.mark.parametrize(
+    "account", ['"\\u200b"', '"\\ufeff\\u00ad"', '" \\u200b "', '"\\u2060\\u00a0"']
+)
+def test_an_account_made_of_format_characters_alone_is_a_problem(
+    tmp_path: Path, account: str
+) -> None:
+    """Nothing would show it (a JSON log or a metric label prints it as it is)."""
+    problem = only_problem(write(tmp_path, webhook_yaml(account=account)))
+    assert problem == (
+        f"{SHOP} 'account': has no visible character (only format characters or spaces): an "
+        "account holder id is text that can be shown"
+    )
+
+
 def test_a_file_name_cannot_split_its_problem_line(tmp_path: Path) -> None:
     (tmp_path / "a\n  - injected line.yaml").write_text("webhooks: {\n", encoding="utf-8")
     (tmp_path / "b.yaml").write_text("webhooks: []\n", encoding="utf-8")
