@@ -1465,10 +1465,11 @@ secrets at once (a config author's periodic or shared-prefix secrets) reaches it
 taken to hold a secret (see :class:`_TooAlike`)."""
 
 _WORK_PER_LOAD: Final = 200_000
-"""How many placements the texts of one load may have measured in all (its secrets and their
-lowercase twin together), a few microseconds each: a file can bring 1,000 problems of 2,000
-characters, each within its own bound, and made to look like its secrets in capitals they took
-33 s to mask. Past it every text is taken to hold a secret (see :class:`_TooAlike`)."""
+"""How many placements the messages of one load may have measured in all to be masked (its
+secrets and their lowercase twin together), a few microseconds each: a file can bring 1,000
+problems of 2,000 characters, each within its own bound, and made to look like its secrets in
+capitals they took 33 s to mask. Past it every message is taken to hold a secret where it meets
+one's window (see :class:`_TooAlike`)."""
 
 
 _MOST_PLACEMENTS: Final = 8
@@ -1535,11 +1536,11 @@ class _Secrets:
     The work is bounded by the text whatever the secrets: a shared window's split is kept and
     each new secret keyed into it; a text may have at most :data:`_WORK_PER_CHARACTER`
     placements measured per character (and :data:`_WORK_BASE`); a window met at more than
-    :data:`_MOST_PLACEMENTS` places of one secret is not measured; and the texts of one
-    index (one load) at most :data:`_WORK_PER_LOAD` placements in all. A text past any of them
-    is *too alike* (:class:`_TooAlike`): it is taken to hold a secret, so it is refused if
-    shown and masked whole in a message. Only a periodic secret, or many secrets with a long
-    common part, can make a text so."""
+    :data:`_MOST_PLACEMENTS` places of one secret is not measured; and the messages masked
+    through one index (one load) at most :data:`_WORK_PER_LOAD` placements in all. A text past
+    any of them is *too alike* (:class:`_TooAlike`): it is taken to hold a secret, so it is
+    refused if shown and masked whole in a message. Only a periodic secret, or many secrets with
+    a long common part, can make a text so."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
@@ -1638,15 +1639,17 @@ class _Secrets:
                 if start + size <= len(secret):
                     keyed.setdefault(secret[start : start + size], {})[placed] = None
 
-    def _spans(self, text: str, starts: range) -> Iterator[tuple[int, int]]:
+    def _spans(self, text: str, starts: range, messages: bool = False) -> Iterator[tuple[int, int]]:
         """The runs of ``text`` long enough to hold a secret (see the class) that hold a window
         indexed at one of ``starts``, each once (windows of a run met again are skipped).
-        Raises :class:`_TooAlike` past the bound of :data:`_WORK_PER_CHARACTER`, or once the
-        index has measured :data:`_WORK_PER_LOAD` placements in all."""
+        Raises :class:`_TooAlike` past the bound of :data:`_WORK_PER_CHARACTER`, or, for
+        ``messages``, once the messages have measured :data:`_WORK_PER_LOAD` placements in all.
+        (Not the shown values: their work grows with the file, and a valid file of 100,000
+        webhooks whose ids each share a window with their secret spent 200,000.)"""
         width, index = _SCRUB_MIN_LENGTH, self._index
         measured: dict[tuple[str, int], int] = {}  # (secret, alignment): end of its run
         work = _WORK_BASE + _WORK_PER_CHARACTER * len(text)
-        left = self._work  # (the load's, spent as this text's is)
+        left = self._work if messages else [len(text) * _WORK_PER_CHARACTER + _WORK_BASE]
         for at in starts:
             window = text[at : at + width]
             held = index.get(window)
@@ -1698,7 +1701,8 @@ class _Secrets:
     def _runs(self, text: str) -> list[tuple[int, int]]:
         """The spans of ``text`` that hold a secret, overlapping and adjacent ones merged."""
         try:
-            return _merged(list(self._spans(text, range(len(text) - _SCRUB_MIN_LENGTH + 1))))
+            starts = range(len(text) - _SCRUB_MIN_LENGTH + 1)
+            return _merged(list(self._spans(text, starts, messages=True)))
         except _TooAlike:
             return [(0, len(text))]
 

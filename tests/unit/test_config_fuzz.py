@@ -1005,6 +1005,20 @@ def test_measuring_is_bounded_for_the_whole_load(monkeypatch: pytest.MonkeyPatch
     assert index.scrub("an ordinary message") == "an ordinary message"
 
 
+def test_the_load_bound_is_for_messages_not_for_the_shown_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shown values' work grows with the file, each within its own bound: a valid file of
+    100,000 webhooks whose ids each share 11 characters with their secret spent the whole load's
+    bound, and the ids after it were refused as holding a secret."""
+    from bridge.config.loader import _Secrets
+
+    monkeypatch.setattr(loader, "_WORK_PER_LOAD", 100)
+    index = _Secrets([f"{n:06d}-hook_{n * 7919:012x}secret" for n in range(3000)])
+    assert not any(index.found_in(f"{n:06d}-hook") for n in range(3000))
+    assert index.found_in(f"000042-hook_{42 * 7919:012x}")  # (16 in a row and more: held)
+
+
 def test_long_secrets_sharing_16_characters_are_told_apart_by_their_need(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
