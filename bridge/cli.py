@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from bridge import __version__
 from bridge.config.loader import collector_paused, load_config
-from bridge.core.errors import ConfigError, printable
+from bridge.core.errors import ConfigError, clipped, printable
 from bridge.core.settings import Config
 from bridge.core.urls import UrlError, parse_webhook_url, shown_authority
 
@@ -163,7 +163,7 @@ def operator_url(text: str) -> str:
 
 def _given(text: str) -> str:
     """A value given on the command line, for an error message: quoted, escaped, shortened."""
-    return repr(text if len(text) <= 40 else f"{text[:37]}...")
+    return repr(clipped(text, 40))
 
 
 _USERINFO: Final = re.compile(r"(://)[^/?#@]*@")

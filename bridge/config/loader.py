@@ -69,7 +69,7 @@ from bridge.config.directory import config_files, listing_digest
 from bridge.config.files import FileRefused, read_regular_file
 from bridge.config.segments import Layout, agrees, layout
 from bridge.core.destinations import DestinationPolicy, IPNetwork
-from bridge.core.errors import ConfigError, printable
+from bridge.core.errors import ConfigError, clipped, printable
 from bridge.core.keys import (
     AccountId,
     Boolean,
@@ -457,8 +457,7 @@ def _kind(value: Any) -> str:
 def _clip(text: str, limit: int = 60) -> str:
     """``text`` shortened for a message (non-secret values only; a URL's userinfo masked first,
     so that the cut cannot leave part of it)."""
-    text = _mask_userinfo(text)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+    return clipped(_mask_userinfo(text), limit)
 
 
 def _quoted(value: str) -> str:
@@ -956,12 +955,29 @@ def _text_digest(segment: str, key: bytes) -> bytes:
     return hashlib.blake2b(data, key=key, digest_size=16).digest()
 
 
+_ShownField: TypeAlias = tuple[str, str, Node | None]
+"""A shown value to check: its key, its text and its node (for the problem's line)."""
+
+
 def _shown(content: _Content) -> str:
     """A webhook's shown fields (as :meth:`_Loader.kept` checks them), one per line."""
-    shown = [value for key, tag, value in content if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG]
-    urls = [value for key, tag, value in content if key == "url" and tag == _STR_TAG]
-    host = _shown_host(urls[-1]) if urls else None
-    return "\n".join(shown if host is None else [*shown, host])
+    shown: list[_ShownField] = [
+        (key, value, None)
+        for key, tag, value in content
+        if key in _SHOWN_WEBHOOK_KEYS and tag == _STR_TAG
+    ]
+    return "\n".join(text for _key, text, _node in _with_shown_host(shown))
+
+
+def _with_shown_host(shown: list[_ShownField]) -> list[_ShownField]:
+    """A webhook's shown fields, and the authority ``bridge check`` shows of its ``url`` when
+    it is not the one written (:func:`_shown_host`), as a value of ``url`` too."""
+    hosts = [
+        ("url", host, node)
+        for key, text, node in shown
+        if key == "url" and (host := _shown_host(text)) is not None
+    ]
+    return [*shown, *hosts] if hosts else shown
 
 
 def _shown_host(url: str) -> str | None:
@@ -991,7 +1007,7 @@ _Source: TypeAlias = tuple[int, str]
 """Where a problem is: the position of its file (0 for the directory itself, or a lone file) and
 the path its message starts with."""
 
-_ShownFields: TypeAlias = Sequence[tuple[str, str, Node | None]] | MappingNode
+_ShownFields: TypeAlias = Sequence[_ShownField] | MappingNode
 """Shown values to check, each ``(key, text, node)``; or a kept webhook's mapping, whose shown
 keys are read from it when one holds a secret (:meth:`_Loader.check_shown`)."""
 _Shown: TypeAlias = tuple[str, _Source, Where | None, _ShownFields, tuple[str | None, int] | None]
@@ -1555,7 +1571,7 @@ class _Secrets:
         # Windows met at more than _MOST_PLACEMENTS places of one secret (see _TooAlike).
         self._alike: set[str] = set()
         self._folded: _Secrets | None = None  # the secrets in lowercase (scrub), made once
-        self._work = [_WORK_PER_LOAD]  # placements left to measure (shared with _folded)
+        self._work: list[float] = [_WORK_PER_LOAD]  # placements left (shared with _folded)
         for secret in secrets:
             self.add(secret)
 
@@ -1649,7 +1665,7 @@ class _Secrets:
         width, index = _SCRUB_MIN_LENGTH, self._index
         measured: dict[tuple[str, int], int] = {}  # (secret, alignment): end of its run
         work = _WORK_BASE + _WORK_PER_CHARACTER * len(text)
-        left = self._work if messages else [len(text) * _WORK_PER_CHARACTER + _WORK_BASE]
+        left = self._work if messages else [math.inf]  # (the shown values': no load bound)
         for at in starts:
             window = text[at : at + width]
             held = index.get(window)
@@ -2265,15 +2281,13 @@ class _Loader:
         be shown (logs, metrics, messages, the configuration's repr). ``naming``: a webhook's id
         as written and its place in its list."""
         values, nodes = section.values, section.nodes
-        shown = [
+        shown: list[_ShownField] = [
             (key, str(value), nodes.get(key))
             for key in keys
             if isinstance(value := values.get(key), (str, Path)) and not _secret_key(key)
         ]
-        url = values.get("url") if naming is not None else None
-        host = _shown_host(url) if isinstance(url, str) else None
-        if host is not None:  # (the authority bridge check shows, when not as written)
-            shown.append(("url", host, nodes.get("url")))
+        if naming is not None:  # a webhook: bridge check shows its url's authority too
+            shown = _with_shown_host(shown)
         if shown:
             # Looked up together first (one call, not one per field: a tenth of a load): a
             # value holding a secret makes the joined text hold it, so only then one by one.
@@ -2298,17 +2312,13 @@ class _Loader:
                 where = _webhook_where(f"webhook '{given_id}'" if named else f"webhook #{index}")
             assert where is not None  # (only a webhook's is left out)
             if isinstance(shown, MappingNode):  # a kept webhook: plain scalars, each key once
-                fields = [
-                    (key.value, value.value, value)
-                    for key, value in shown.value
-                    if key.value in _SHOWN_WEBHOOK_KEYS and value.tag == _STR_TAG
-                ]
-                hosts = [
-                    ("url", host, node)
-                    for key, value, node in fields
-                    if key == "url" and (host := _shown_host(value)) is not None
-                ]
-                shown = fields + hosts
+                shown = _with_shown_host(
+                    [
+                        (key.value, value.value, value)
+                        for key, value in shown.value
+                        if key.value in _SHOWN_WEBHOOK_KEYS and value.tag == _STR_TAG
+                    ]
+                )
             refused = set()  # (a URL and the authority shown of it: one problem)
             for key, value, node in shown:
                 if key not in refused and found_in(value):

@@ -47,6 +47,12 @@ class ConfigError(BridgeError):
         super().__init__(f"{shown}: {count} problem(s) in the configuration:\n{listing}")
 
 
+def clipped(text: str, limit: int = 60) -> str:
+    """``text`` shortened to ``limit`` characters for a message, ``...`` marking the cut: a value
+    of 8,000 characters makes no message longer."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def printable(text: str) -> str:
     """``text`` as one safe line for a terminal or a log: every character that is not printable
     (controls, line breaks, bidi controls and other format characters, lone surrogates such as

@@ -539,10 +539,7 @@ class _Connection(asyncio.Protocol):
                 self.framed = True
 
     def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if self.header_bytes > self.header_limit:
-            self.problem = f"response head larger than {self.header_limit} bytes"
-            raise _Stop
+        status = self.parser.get_status_code()  # (the head's size: checked in on_header)
         if status == 101:
             self.problem = "the server switched protocols"
             raise _Stop
