@@ -57,13 +57,22 @@ TEXT_LOADS: list[bool] = []
 """Whether each load given the texts met before kept webhooks from their text alone."""
 
 
-def check_reuse(before: str, after: str, environ: Mapping[str, str], tmp_path: Path) -> int:
-    """Load ``before`` (in force), then ``after`` fully, with Reuse, and with Reuse and the
-    texts met; assert they agree and return how many webhooks were kept."""
+def check_reuse(
+    before: str,
+    after: str,
+    environ: Mapping[str, str],
+    tmp_path: Path,
+    environ_before: Mapping[str, str] = ENVIRON,
+    edit: Callable[[], object] = lambda: None,
+) -> int:
+    """Load ``before`` (in force, with ``environ_before``), then, once ``edit()`` has changed
+    what else the load reads, ``after`` fully, with Reuse, and with Reuse and the texts met;
+    assert they agree and return how many webhooks were kept."""
     path = tmp_path / "bridge.yaml"
     path.write_text(before)
     first = Reuse(KEY, {})
-    in_force = {w.id: w for w in load_config(path, ENVIRON, first).webhooks}
+    in_force = {w.id: w for w in load_config(path, environ_before, first).webhooks}
+    edit()
     assert first.order == list(in_force), "nothing kept without digests"
     path.write_text(after)
     full = outcome(lambda: load_config(path, environ))
@@ -357,18 +366,16 @@ def test_a_secret_met_after_a_webhook_showing_it_is_found_whether_it_is_kept_or_
     base = base_text(tmp_path / "hook.secret")
     start, _end = hook_block(base, "wh-000006")
     text = base + hook if position == "after" else base[:start] + hook + base[start:]
-    path = tmp_path / "bridge.yaml"
-    path.write_text(text)
-    first = Reuse(KEY, {})
-    load_config(path, {**ENVIRON, "SHOWN": "a-harmless-secret-0123456789"}, first)
-    secret_file.write_text(shown)
     environ = {**ENVIRON, "SHOWN": shown}
-    full = outcome(lambda: load_config(path, environ))
+    harmless = {**ENVIRON, "SHOWN": "a-harmless-secret-0123456789"}
+
+    def edit() -> None:  # the file's secret becomes what the webhook shows
+        secret_file.write_text(shown)
+
+    assert check_reuse(text, text, environ, tmp_path, harmless, edit) == 0
+    full = outcome(lambda: load_config(tmp_path / "bridge.yaml", environ))
     assert isinstance(full, list)
     assert any("webhook 'wh-000006': field 'url': holds a secret" in each for each in full)
-    for texts in ({}, first.texts_read):
-        reuse = Reuse(KEY, first.read, texts, first.secrets_read, first.context_read)
-        assert outcome(lambda: load_config(path, environ, reuse)) == full  # noqa: B023
 
 
 HEAD = config_text(0).replace("webhooks: []\n", "webhooks:\n")
@@ -475,14 +482,7 @@ def test_a_kept_webhooks_host_shown_holding_a_new_secret_is_refused(
         + before[end:]
     )
     assert after != before
-    path = tmp_path / "bridge.yaml"
-    path.write_text(before)
-    first = Reuse(KEY, {})
-    load_config(path, ENVIRON, first)
-    path.write_text(after)
-    full = outcome(lambda: load_config(path, ENVIRON))
+    assert check_reuse(before, after, ENVIRON, tmp_path) == 0
+    full = outcome(lambda: load_config(tmp_path / "bridge.yaml", ENVIRON))
     assert isinstance(full, list)
     assert any("webhook 'wh-000006': field 'url': holds a secret" in each for each in full)
-    for texts in ({}, first.texts_read):
-        reuse = Reuse(KEY, first.read, texts, first.secrets_read, first.context_read)
-        assert outcome(lambda: load_config(path, ENVIRON, reuse)) == full  # noqa: B023
