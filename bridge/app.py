@@ -105,6 +105,9 @@ class App:
         self.kafka = Reachability()
         self.failure: KafkaFatalError | None = None  # ends ``run`` (raised after the shutdown)
         self._loop = asyncio.get_running_loop()  # built inside ``bridge run``'s event loop
+        # First: schema files it cannot read end the start (a ConfigError) before any Kafka
+        # client has a thread that would outlive it.
+        decoder = build_decoder(config)
         settings = config.kafka_settings()
         self.consumer = ThreadedConsumer(
             consumer_settings(
@@ -129,7 +132,7 @@ class App:
             consumer=self.consumer,
             producer=self.producer,
             sender=self.sender,
-            decoder=build_decoder(config),
+            decoder=decoder,
             metrics=self.metrics,
         )
         # Only with metrics: an idle reader still looks up the group's coordinator (2 connections)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge.codec.decoding import Decoder
+from bridge.codec.decoding import Decoder, SchemaFilesError
+from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
 
 if TYPE_CHECKING:
@@ -29,10 +30,15 @@ def registry_client(config: Config) -> SchemaRegistryClient:
 
 
 def build_decoder(config: Config) -> Decoder:
-    """The decoder the configuration asks for: registry-framed or registry-less."""
+    """The decoder the configuration asks for: registry-framed or registry-less. Schema files it
+    cannot read are a :class:`ConfigError` of the configuration (field ``schemas.directory``)."""
     registry = registry_client(config) if config.schemas.mode == "registry" else None
-    return Decoder.from_schema_dir(
-        config.schemas.directory,
-        registry=registry,
-        max_record_bytes=config.schemas.max_record_bytes,
-    )
+    try:
+        return Decoder.from_schema_dir(
+            config.schemas.directory,
+            registry=registry,
+            max_record_bytes=config.schemas.max_record_bytes,
+        )
+    except SchemaFilesError as exc:
+        where = "field 'schemas.directory'"
+        raise ConfigError(str(config.path), [f"{where}: {each}" for each in exc.problems]) from None

@@ -29,13 +29,22 @@ from bridge.codec.encoding import (
     SINGLE_OBJECT_HEADER_SIZE,
     SINGLE_OBJECT_MAGIC,
     AvroSchema,
+    SchemaFileError,
     load_schema_file,
     single_object_fingerprint,
 )
-from bridge.core.errors import DecodeError
+from bridge.core.errors import DecodeError, printable
 
 READER_SCHEMA_FILE = "transaction_outcome.avsc"
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
+
+
+class SchemaFilesError(ValueError):
+    """Schema files a decoder cannot be built from: ``problems`` names each file and says why."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 class WriterSchemaSource(Protocol):
@@ -124,16 +133,35 @@ class Decoder:
         plain_writer_schema_file: Path | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> Decoder:
-        """A decoder reading with ``transaction_outcome.avsc`` that knows every ``.avsc`` there."""
-        known = [load_schema_file(path) for path in sorted(schema_dir.glob("*.avsc"))]
+        """A decoder reading with ``transaction_outcome.avsc`` that knows every ``.avsc`` there.
+
+        Raises :class:`SchemaFilesError` naming every file that is not a readable Avro schema (not
+        a regular file, too large, not UTF-8 JSON, not Avro), before any record is read."""
+        problems: list[str] = []
+
+        def schema(path: Path) -> AvroSchema:
+            try:
+                loaded = load_schema_file(path)
+                fastavro.parse_schema(loaded)
+                single_object_fingerprint(loaded)
+            except SchemaFileError as exc:
+                problems.append(f"{printable(str(path))}: {exc}")
+            except Exception as exc:  # fastavro's errors for a schema are of many types
+                why = _shorten(printable(f"{type(exc).__name__}: {exc}"))
+                problems.append(f"{printable(str(path))}: not a valid Avro schema: {why}")
+            else:
+                return loaded
+            return "null"  # (a stand-in; the problem is raised below)
+
+        reader = schema(schema_dir / READER_SCHEMA_FILE)
+        known = [schema(path) for path in sorted(schema_dir.glob("*.avsc"))]
+        plain = None if plain_writer_schema_file is None else schema(plain_writer_schema_file)
+        if problems:
+            raise SchemaFilesError(list(dict.fromkeys(problems)))  # (the reader is in both)
         return cls(
-            load_schema_file(schema_dir / READER_SCHEMA_FILE),
+            reader,
             registry=registry,
-            plain_writer_schema=(
-                None
-                if plain_writer_schema_file is None
-                else load_schema_file(plain_writer_schema_file)
-            ),
+            plain_writer_schema=plain,
             known_writer_schemas=known,
             max_record_bytes=max_record_bytes,
         )

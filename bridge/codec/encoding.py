@@ -9,10 +9,12 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from bridge.files import FileRefused, read_regular_file
 
 AvroSchema: TypeAlias = dict[str, Any] | list[Any] | str
 """An Avro schema as JSON data (a record schema is a dict)."""
@@ -21,11 +23,32 @@ CONFLUENT_MAGIC_BYTE = b"\x00"
 CONFLUENT_HEADER_SIZE = 5
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 SINGLE_OBJECT_HEADER_SIZE = 10
+SCHEMA_FILE_LIMIT: Final = 1024 * 1024
+"""The largest ``.avsc`` file read (the transaction schema is about 4 KB)."""
+
+
+class SchemaFileError(ValueError):
+    """An ``.avsc`` file that cannot be read as a schema; the message says why (not which file:
+    the caller names it)."""
 
 
 def load_schema_file(path: Path) -> AvroSchema:
-    """Read one ``.avsc`` file as JSON data."""
-    schema: AvroSchema = json.loads(path.read_text(encoding="utf-8"))
+    """Read one ``.avsc`` file as JSON data: a regular file (never a FIFO waited on) of at most
+    :data:`SCHEMA_FILE_LIMIT` bytes, UTF-8 JSON; else :class:`SchemaFileError`."""
+    try:
+        data = read_regular_file(path, SCHEMA_FILE_LIMIT)
+    except FileRefused as exc:
+        limit = f" (more than {SCHEMA_FILE_LIMIT:,} bytes)" if exc.too_large else ""
+        raise SchemaFileError(exc.reason + limit) from None
+    try:
+        schema: AvroSchema = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SchemaFileError(f"not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise SchemaFileError(f"not JSON: {exc.msg} ({where})") from None
+    except RecursionError:
+        raise SchemaFileError("not JSON this reader can read: nested too deeply") from None
     return schema
 
 

@@ -66,7 +66,6 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from bridge.config.digest import keyed_digest
 from bridge.config.directory import config_files, listing_digest
-from bridge.config.files import FileRefused, read_regular_file
 from bridge.config.segments import Layout, agrees, layout
 from bridge.core.destinations import DestinationPolicy, IPNetwork
 from bridge.core.errors import ConfigError, clipped, printable
@@ -124,6 +123,7 @@ from bridge.core.webhook import (
     TlsSettings,
     Webhook,
 )
+from bridge.files import FileRefused, read_regular_file
 
 CONFIG_FILE_LIMIT_BYTES: Final = 64 * 1024 * 1024
 """A configuration file larger than this (64 MiB) is refused unread; so are the files of a

@@ -78,7 +78,6 @@ from typing import Any, cast
 
 from bridge.config.digest import webhook_digest
 from bridge.config.directory import config_files, is_config_name, listing_digest
-from bridge.config.files import FileRefused, read_regular_file
 from bridge.config.loader import (
     CONFIG_FILE_LIMIT_BYTES,
     SECRET_FILE_LIMIT_BYTES,
@@ -88,6 +87,7 @@ from bridge.config.loader import (
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
 from bridge.core.webhook import Webhook
+from bridge.files import FileRefused, read_regular_file
 
 log = logging.getLogger("bridge.config.reload")
 

@@ -184,7 +184,9 @@ class SchemasConfig:
         default=Path("schemas"),
         metadata=declare(
             DirectoryPath(),
-            "Directory of the `.avsc` files; the reader schema is `transaction_outcome.avsc`.",
+            "Directory of the `.avsc` files; the reader schema is `transaction_outcome.avsc`. "
+            "Each must be an Avro schema in a regular file of at most 1 MiB: `bridge check` and "
+            "`bridge run` name every one that is not.",
         ),
     )
     registry_url: str | None = field(

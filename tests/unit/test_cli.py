@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,34 @@ def test_a_problem_line_is_one_printable_line_whatever_the_file_name(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(line.isprintable() for line in err), err
     assert err[1].startswith(f"  - {tmp_path}/a\\x1b[2J\\n  - fake.yaml:2: invalid YAML")
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_schema_files_that_cannot_be_read_end_check_and_run_with_the_configurations_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO among the schema files (a plain open() would wait for ever) and a file that is not
+    JSON: ``bridge check`` and ``bridge run`` (before any Kafka client starts: its broker is a
+    refused port) exit 2 naming the configuration, the field and each file, no traceback."""
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    reader = Path("schemas/transaction_outcome.avsc")
+    (schemas / reader.name).write_bytes(reader.read_bytes())
+    os.mkfifo(schemas / "fifo.avsc")
+    (schemas / "cut.avsc").write_text('{"type": ')
+    config = tmp_path / "bridge.yaml"
+    config.write_text(
+        f"kafka:\n  bootstrap_servers: 127.0.0.1:{refused_port()}\n"
+        f"schemas:\n  directory: {schemas}\n"
+        "webhooks:\n  - id: shop\n    account: a\n    events: [transaction.success]\n"
+        "    url: https://a.example/h\n    secret: a-secret-of-thirty-two-characters\n"
+    )
+    args = [command, "-c", str(config)] + (["--offline"] if command == "check" else [])
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        f"error: {config}: 2 problem(s) in the configuration:",
+        f"  - field 'schemas.directory': {schemas / 'cut.avsc'}: not JSON: Expecting value "
+        "(line 1, column 10)",
+        f"  - field 'schemas.directory': {schemas / 'fifo.avsc'}: not a regular file (a FIFO)",
+    ]

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridge.config import files
-from bridge.config.files import FileRefused, read_regular_file
+from bridge import files
 from bridge.core.settings import sha256_hex
+from bridge.files import FileRefused, read_regular_file
 
 LIMIT = 64
 

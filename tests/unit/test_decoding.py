@@ -11,14 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.codec.decoding import Decoder
+from bridge.codec.decoding import READER_SCHEMA_FILE, Decoder, SchemaFilesError
 from bridge.codec.encoding import (
+    SCHEMA_FILE_LIMIT,
     encode_confluent,
     encode_plain,
     encode_single_object,
     single_object_fingerprint,
 )
 from bridge.core.errors import DecodeError, RegistryUnavailableError
+from tests.special_files import NOT_REGULAR, make_sparse, make_special
 
 Factory = Callable[..., dict[str, Any]]
 REFUND_SCHEMA = {
@@ -327,3 +329,80 @@ def test_mutated_records_raise_only_decode_error(
     for _ in range(data.draw(st.integers(1, 4))):
         value[data.draw(st.integers(0, len(value) - 1))] = data.draw(st.integers(0, 255))
     decodes_or_refuses(fuzz_targets, bytes(value))
+
+
+# --- Schema files that cannot be read -----------------------------------------------------------
+
+
+def _nested_array(depth: int) -> str:
+    text = '"int"'
+    for _ in range(depth):
+        text = '{"type": "array", "items": ' + text + "}"
+    return text
+
+
+BAD_SCHEMA_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
+    "fifo": (lambda path: make_special(path, "fifo"), NOT_REGULAR["fifo"]),
+    "device": (lambda path: make_special(path, "device"), NOT_REGULAR["device"]),
+    "directory": (lambda path: make_special(path, "directory"), NOT_REGULAR["directory"]),
+    "sparse": (
+        lambda path: make_sparse(path, 1 << 40),
+        f"too large (more than {SCHEMA_FILE_LIMIT:,} bytes)",
+    ),
+    "latin-1": (lambda path: path.write_bytes('"caf\xe9"'.encode("latin-1")), "not UTF-8 text"),
+    "cut short": (lambda path: path.write_text('{"type": '), "not JSON: Expecting value (line 1"),
+    "deep JSON": (lambda path: path.write_text("[" * 100_000), "nested too deeply"),
+    "unknown type": (
+        lambda path: path.write_text(
+            '{"type": "record", "name": "X", "fields": [{"name": "a", "type": "nope"}]}'
+        ),
+        "not a valid Avro schema: UnknownType: nope",
+    ),
+    "fixed without size": (
+        lambda path: path.write_text('{"type": "fixed", "name": "F"}'),
+        "not a valid Avro schema: KeyError",
+    ),
+    "number": (lambda path: path.write_text("12"), "not a valid Avro schema"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_SCHEMA_FILES))
+@pytest.mark.parametrize("place", ["known", "reader", "plain writer"])
+def test_a_schema_file_that_cannot_be_read_is_named_with_why_and_nothing_waits(
+    kind: str, place: str, schema_dir: Path, tmp_path: Path
+) -> None:
+    """Whatever an ``.avsc`` file is (a FIFO whose plain open() waits for ever, an endless
+    device, a terabyte, not UTF-8, not JSON, too deep, not Avro), building the decoder raises
+    SchemaFilesError naming the file and why, and reads no further than the bound."""
+    directory = tmp_path / "schemas"
+    directory.mkdir()
+    reader = schema_dir / READER_SCHEMA_FILE
+    (directory / READER_SCHEMA_FILE).write_bytes(reader.read_bytes())
+    make, why = BAD_SCHEMA_FILES[kind]
+    target = {
+        "known": directory / "bad.avsc",
+        "reader": directory / READER_SCHEMA_FILE,
+        "plain writer": tmp_path / "writer.avsc",
+    }[place]
+    if target.exists():
+        target.unlink()
+    make(target)
+    plain = target if place == "plain writer" else None
+    with pytest.raises(SchemaFilesError) as caught:
+        Decoder.from_schema_dir(directory, plain_writer_schema_file=plain)
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{target}: ") and why in problem, problem
+
+
+def test_every_bad_schema_file_is_named_once(schema_dir: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "schemas"
+    directory.mkdir()
+    (directory / READER_SCHEMA_FILE).write_text("{")
+    (directory / "b.avsc").write_text("[")
+    (directory / "deep.avsc").write_text(_nested_array(900))  # deep, and valid
+    with pytest.raises(SchemaFilesError) as caught:
+        Decoder.from_schema_dir(directory)
+    assert [problem.split(":")[0] for problem in caught.value.problems] == [
+        str(directory / READER_SCHEMA_FILE),
+        str(directory / "b.avsc"),
+    ]

@@ -1,6 +1,8 @@
-"""Reading the configuration's files (the configuration file, a directory's files, secret files,
-``{file: PATH}`` values, and the reload watcher's fingerprints of them all): regular files only,
-never past a limit, never waiting.
+"""Reading the files an operator names (the configuration file, a directory's files, secret files,
+``{file: PATH}`` values, the reload watcher's fingerprints of them all, and the Avro schema files):
+regular files only, never past a limit, never waiting. The one module with I/O under the adapters
+(:mod:`bridge.config` and :mod:`bridge.codec` both read through it); it imports nothing of the
+project.
 
 A plain ``open()`` of a FIFO waits for a writer for ever, and reading ``/dev/zero`` or a sparse
 file of a terabyte never ends or fills the memory. :func:`read_regular_file` opens without
