@@ -690,3 +690,42 @@ def test_a_refused_host_name_is_refused_every_time() -> None:
         with pytest.raises(UrlError, match="has an empty label"):
             ascii_host("a..example")
     assert ascii_host("Bücher.Example") == ascii_host("bücher.example") == "xn--bcher-kva.example"
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "ü" * 50 + ".é" + "." + "x..y",  # labels encoded, then an empty one
+        "bücher.exa\u0000mple",  # a control character
+        "straße." + "ü" * 70 + ".de",  # a label too long once encoded
+        "\u0667\u0661.\u0661a",  # bidi rule
+        "a\u3002\u3002b",  # mapped to an empty label
+    ],
+)
+def test_a_refused_host_is_judged_once_however_many_webhooks_name_it(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of webhooks may share one refused host (a YAML alias): IDNA, the slow part,
+    runs for its first judgement only, and every later one raises the same message anew."""
+    import idna
+
+    calls = {"encode": 0, "uts46_remap": 0}
+    for name in calls:
+        real = getattr(idna, name)
+
+        def counted(
+            *args: object, _real: Callable[..., str] = real, _name: str = name, **kw: object
+        ) -> str:
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(idna, name, counted)
+    unique = f"{host}.n{id(calls)}"  # (not remembered from an earlier test)
+    messages = set()
+    for _ in range(50):
+        with pytest.raises(UrlError) as refused:
+            _host(unique, False)
+        assert refused.value.__traceback__ is not None and refused.value.reason == "invalid"
+        messages.add(str(refused.value))
+    assert len(messages) == 1, messages
+    assert calls["encode"] <= 4 and calls["uts46_remap"] <= 2, calls
