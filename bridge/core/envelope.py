@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from bridge.core.signing import message_id
 
@@ -175,13 +176,37 @@ def header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, 
     return {name: (value or b"").decode("utf-8", "replace") for name, value in headers or ()}
 
 
-def _int(values: dict[str, str], name: str) -> int:
+_MAX_WHOLE: Final = 2**63 - 1  # (Kafka's offsets and timestamps are signed 64-bit)
+_MAX_COUNT: Final = 2**31 - 1  # attempts and deferrals
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    shown = text if len(text) <= limit else f"{text[: limit - 3]}..."
+    return repr(shown)
+
+
+def whole_number(
+    values: dict[str, str], name: str, highest: int = _MAX_WHOLE, lowest: int = 0
+) -> int:
+    """Header ``name`` as a whole number from ``lowest`` to ``highest``, written in ASCII digits
+    (no sign, no spaces, no other script's digits: ``int()`` takes ``'²'``'s kin and 5,000-digit
+    texts, and a header the bridge wrote holds none); else EnvelopeError naming the header. Every
+    number the bridge reads back from its own records is read here."""
     try:
-        return int(values[name])
+        text = values[name]
     except KeyError:
         raise EnvelopeError(f"header {name!r} is missing") from None
-    except ValueError:
-        raise EnvelopeError(f"header {name!r} is not an integer: {values[name]!r}") from None
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(highest))):
+        raise EnvelopeError(f"header {name!r} is not a whole number: {_clip(text)}") from None
+    value = int(text)
+    if not lowest <= value <= highest:
+        raise EnvelopeError(f"header {name!r} is {value}, not from {lowest} to {highest}")
+    return value
+
+
+def _optional(values: dict[str, str], name: str, highest: int = _MAX_WHOLE) -> int | None:
+    """Like :func:`whole_number`, but an absent or empty header is None."""
+    return whole_number(values, name, highest) if values.get(name) else None
 
 
 def _text(values: dict[str, str], name: str) -> str:
@@ -194,29 +219,29 @@ def _text(values: dict[str, str], name: str) -> str:
 def parse_delivery(
     headers: Sequence[tuple[str, bytes | None]] | None, body: bytes | None, key: bytes | None
 ) -> PendingDelivery:
-    """Read a delay-topic record (or a ``kind=delivery`` dead letter) back into a delivery."""
+    """Read a delay-topic record (or a ``kind=delivery`` dead letter) back into a delivery, or
+    EnvelopeError naming the header that is missing or malformed (its numbers: whole, in range)."""
     values = header_map(headers)
     if body is None:
         raise EnvelopeError("the record has no body")
-    status = values.get(H_LAST_STATUS, "")
     return PendingDelivery(
         webhook_id=_text(values, H_WEBHOOK),
         message_id=_text(values, H_MESSAGE_ID),
         event=_text(values, H_EVENT),
         transaction_id=values.get(H_TRANSACTION, ""),
         body=body,
-        attempt=_int(values, H_ATTEMPT),
+        attempt=whole_number(values, H_ATTEMPT, _MAX_COUNT),
         source=SourceRef(
             topic=_text(values, H_SOURCE_TOPIC),
-            partition=_int(values, H_SOURCE_PARTITION),
-            offset=_int(values, H_SOURCE_OFFSET),
-            timestamp_ms=_int(values, H_SOURCE_TIMESTAMP),
+            partition=whole_number(values, H_SOURCE_PARTITION, _MAX_COUNT),
+            offset=whole_number(values, H_SOURCE_OFFSET),
+            timestamp_ms=whole_number(values, H_SOURCE_TIMESTAMP),
         ),
         key=key,
-        due_ms=int(values.get(H_DUE) or 0),
-        last_status=int(status) if status.isdigit() else None,
+        due_ms=_optional(values, H_DUE) or 0,
+        last_status=_optional(values, H_LAST_STATUS, 999),
         last_error=values.get(H_LAST_ERROR, ""),
-        deferrals=int(values.get(H_DEFERRALS) or 0),
+        deferrals=_optional(values, H_DEFERRALS, _MAX_COUNT) or 0,
         also=_also(values),
     )
 

@@ -82,6 +82,13 @@ class RetryPolicy:
             return GiveUp(attempts_made=attempt)
         return Retry(self.parked_topic, attempt, now_ms + self.park_delay_ms)
 
+    @property
+    def longest_wait_ms(self) -> int:
+        """The longest any delay-topic or parking record waits after it is written: how far
+        ahead of its writer's clock a due time the bridge wrote can be."""
+        rungs = (self.delay_ms(n) for n in range(1, self.attempts + 1))
+        return max(self.park_delay_ms, *rungs)
+
     def span_ms(self) -> int:
         """The ladder's total waiting time from the first failure to the last attempt."""
         return sum(self.delay_ms(n) for n in range(1, self.attempts + 1))

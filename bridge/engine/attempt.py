@@ -193,9 +193,11 @@ class Deliverer:
 
         Settled means received, or durably written to a delay or dead-letter topic. The attempt
         itself cannot hang or raise (:func:`guarded_attempt`); should anything after it fail
-        unexpectedly, the delivery is judged not received and goes up the ladder, so the commit
-        still moves. A delivery that is cancelled (partitions revoked) leaves its record
-        unfinished: its offset is not committed and whoever consumes it next delivers it again.
+        unexpectedly, the delivery is judged not received and goes up the ladder, and should
+        that fail too, it is dead-lettered (``internal_error``), so the commit still moves. Only
+        a dead letter that cannot be written leaves the record unfinished, as does a delivery
+        that is cancelled (partitions revoked): its offset is not committed and whoever consumes
+        it next delivers it again.
         """
         try:
             await self.attempt(delivery, webhook)
@@ -206,12 +208,17 @@ class Deliverer:
         except Exception as exc:
             self.metrics.delivery_errors.labels(INTERNAL_ERROR).inc()
             events.exception("delivery.crashed", extra={"fields": _ids(delivery)})
+            crashed = Outcome(None, INTERNAL_ERROR, 0.0, type(exc).__name__)
             try:
-                crashed = Outcome(None, INTERNAL_ERROR, 0.0, type(exc).__name__)
                 await self.not_received(delivery, webhook, crashed)
-            except Exception:
-                events.exception("delivery.unsettled", extra={"fields": _ids(delivery)})
-                return
+            except Exception as again:
+                events.exception("delivery.ladder_failed", extra={"fields": _ids(delivery)})
+                try:
+                    failed = delivery.next(delivery.attempt, 0, None, type(again).__name__)
+                    await self.recovery.dead_letter(failed, INTERNAL_ERROR, delivery.attempt + 1)
+                except Exception:
+                    events.exception("delivery.unsettled", extra={"fields": _ids(delivery)})
+                    return
         work.done()
 
     async def attempt(self, delivery: PendingDelivery, webhook: Webhook) -> None:

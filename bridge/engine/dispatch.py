@@ -59,10 +59,6 @@ class InFlight:
         """Whether the in-flight limit holds records back (back-pressure is on)."""
         return self.backpressure or self.count >= self.limit
 
-    def has_room(self) -> bool:
-        """Whether one more delivery may start now."""
-        return self.count < self.limit
-
     def fits(self, deliveries: int) -> bool:
         """Whether a record with this many deliveries may be taken now: its whole fan-out fits,
         or nothing else is in flight (a fan-out alone beyond the limit goes alone)."""

@@ -30,6 +30,10 @@ from bridge.ops.metrics import Metrics
 log = logging.getLogger("bridge.engine.pipeline")  # the logger its events always had
 
 REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+CLOCK_SKEW_MS = 60_000
+"""How far ahead of this replica's clock another's may run: a retry record due further ahead
+than the longest wait of the ladder plus this was not written so by any rung (forged, or a clock
+far off), and is taken as due now rather than holding its partition for as long as it says."""
 
 
 class Intake:
@@ -42,12 +46,14 @@ class Intake:
         dispatcher: Dispatcher,
         recovery: Recovery,
         metrics: Metrics,
+        longest_wait_ms: int,
     ) -> None:
         self.subscriptions = subscriptions  # swapped whole on a reload
         self.decoder = decoder
         self.dispatcher = dispatcher
         self.recovery = recovery
         self.metrics = metrics
+        self.latest_due_ms = longest_wait_ms + CLOCK_SKEW_MS  # ahead of now: see CLOCK_SKEW_MS
 
     async def source(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool | None:
         """Take a source record: True when taken, False when its partition is held (the registry
@@ -125,22 +131,26 @@ class Intake:
             partition, source.offset, self.recovery.dead_letter_poison(msg, source, error)
         )
 
-    def retry(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool:
+    def retry(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool | None:
         """Take a retry record: True when taken (or dead-lettered as malformed), False when it
-        is not due yet (its partition is then held until it is)."""
+        is not due yet (its partition is then held until it is), None when its deliveries (a
+        parking record may carry several) do not fit in the in-flight limit now."""
         tp = partition.tp
         try:
             delivery = parse_delivery(msg.headers(), msg.value(), msg.key())
-        except EnvelopeError as exc:
+        except Exception as exc:  # EnvelopeError; anything else too: a record never stops us
+            reason = str(exc) if isinstance(exc, EnvelopeError) else type(exc).__name__
             source = SourceRef(tp[0], tp[1], msg.offset(), wall_ms)
-            error = RecordError("malformed_retry_record", str(exc), msg.value())
+            error = RecordError("malformed_retry_record", reason, msg.value())
             self._poison(msg, partition, source, error)
             return True
-        if delivery.due_ms > wall_ms:
+        if wall_ms < delivery.due_ms <= wall_ms + self.latest_due_ms:
             partition.hold(time.monotonic() + (delivery.due_ms - wall_ms) / 1000)
             return False
+        if not self.dispatcher.in_flight.fits(1 + len(delivery.also)):
+            return None
         self.metrics.consumed_retry.inc()
-        self.metrics.retry_lateness.observe((wall_ms - delivery.due_ms) / 1000)
+        self.metrics.retry_lateness.observe(max(0, wall_ms - delivery.due_ms) / 1000)
         partition.started(msg.offset())
         wanted: list[Webhook] = []
         gone: list[tuple[str, str]] = []

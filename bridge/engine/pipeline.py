@@ -91,7 +91,12 @@ class Pipeline:
             self.in_flight, self.lanes, self.deliverer.deliver, self.recovery
         )
         self.intake = Intake(
-            Subscriptions(config.webhooks), decoder, self.dispatcher, self.recovery, metrics
+            Subscriptions(config.webhooks),
+            decoder,
+            self.dispatcher,
+            self.recovery,
+            metrics,
+            self.policy.longest_wait_ms,
         )
         self.carry: deque[Message] = deque()  # fetched records whose fan-out did not fit yet
         self.stopping = False
@@ -198,10 +203,10 @@ class Pipeline:
                     self.carry.extend(messages[index:])
                     return
             else:
-                if not self.in_flight.has_room():  # no room for its delivery now
+                accepted = self.intake.retry(msg, partition, wall_ms)
+                if accepted is None:  # its deliveries do not fit now: it and what follows wait
                     self.carry.extend(messages[index:])
                     return
-                accepted = self.intake.retry(msg, partition, wall_ms)
                 if not accepted:  # not due: keep it (and what follows) rather than fetch again
                     partition.keep(msg)
                     accepted = True
@@ -243,8 +248,8 @@ class Pipeline:
         wall_ms = now_ms()
         for partition in self.partitions.keeping():
             waiting = partition.waiting
-            while waiting and self.in_flight.has_room():
-                if not self.intake.retry(waiting[0], partition, wall_ms):
+            while waiting:
+                if not self.intake.retry(waiting[0], partition, wall_ms):  # not due, or no room
                     break
                 waiting.popleft()
             if not waiting:

@@ -28,6 +28,7 @@ from bridge.core.envelope import (
     delay_headers,
     header_map,
     parse_delivery,
+    whole_number,
 )
 from bridge.core.settings import Config
 
@@ -56,13 +57,18 @@ class DeadLetter:
         return self.headers.get(H_REASON, "")
 
     @property
-    def dead_lettered_ms(self) -> int:
-        value = self.headers.get(H_DEAD_LETTERED, "")
-        return int(value) if value.isdigit() else 0
+    def dead_lettered_ms(self) -> int | None:
+        """When it was dead-lettered; None when its header is missing or malformed (such a
+        letter is listed, its age as ``-``, and matches no time filter)."""
+        try:
+            return whole_number(self.headers, H_DEAD_LETTERED)
+        except EnvelopeError:
+            return None
 
     def row(self, now_ms: int) -> list[str]:
         """The columns of ``dlq list``: where, kind, webhook, reason, attempts, last, age."""
-        age_s = max(0, now_ms - self.dead_lettered_ms) // 1000
+        when = self.dead_lettered_ms
+        age = "-" if when is None else _age(max(0, now_ms - when) // 1000)
         last = self.headers.get(H_LAST_STATUS) or self.headers.get(H_LAST_ERROR, "")
         return [
             f"{self.partition}/{self.offset}",
@@ -71,7 +77,7 @@ class DeadLetter:
             self.reason,
             self.headers.get(H_ATTEMPTS, "-"),
             (last or "-")[:40],
-            _age(age_s),
+            age,
         ]
 
 
@@ -97,8 +103,8 @@ class Selection:
         return (
             (self.webhook is None or letter.webhook == self.webhook)
             and (self.reason is None or letter.reason == self.reason)
-            and (self.since_ms is None or when >= self.since_ms)
-            and (self.until_ms is None or when <= self.until_ms)
+            and (self.since_ms is None or (when is not None and when >= self.since_ms))
+            and (self.until_ms is None or (when is not None and when <= self.until_ms))
         )
 
 
@@ -168,36 +174,42 @@ def replay(
 
     now = time.time_ns() // 1_000_000
     first_rung = config.delay_topics[0] if config.delay_topics else config.topics.source
-    for index, letter in enumerate(letters, start=1):
+
+    def reinject(letter: DeadLetter) -> None:
         if letter.kind == KIND_POISON:
             producer.produce(
                 config.topics.source, value=letter.value, key=letter.key, on_delivery=on_delivery
             )
-        else:
+            return
+        delivery = parse_delivery(letter.raw_headers, letter.value, letter.key)
+        fresh = replace(
+            delivery,
+            attempt=0,
+            due_ms=now,
+            last_status=None,
+            last_error="replayed from the dead-letter topic",
+            deferrals=0,
+        )
+        producer.produce(
+            first_rung,
+            value=fresh.body,
+            key=fresh.key,
+            headers=delay_headers(fresh),
+            on_delivery=on_delivery,
+        )
+
+    try:  # a letter that cannot be replayed is said and skipped; those queued are always sent
+        for index, letter in enumerate(letters, start=1):
             try:
-                delivery = parse_delivery(letter.raw_headers, letter.value, letter.key)
-            except EnvelopeError as exc:
-                failures.append(f"{letter.partition}/{letter.offset}: {exc}")
-                continue
-            fresh = replace(
-                delivery,
-                attempt=0,
-                due_ms=now,
-                last_status=None,
-                last_error="replayed from the dead-letter topic",
-                deferrals=0,
-            )
-            producer.produce(
-                first_rung,
-                value=fresh.body,
-                key=fresh.key,
-                headers=delay_headers(fresh),
-                on_delivery=on_delivery,
-            )
-        producer.poll(0)
-        if progress is not None:
-            progress(index, len(letters))
-    producer.flush(timeout)
+                reinject(letter)
+            except Exception as exc:  # EnvelopeError, or the producer refusing the record
+                why = str(exc) if isinstance(exc, EnvelopeError) else f"{type(exc).__name__}"
+                failures.append(f"{letter.partition}/{letter.offset}: {why}")
+            producer.poll(0)
+            if progress is not None:
+                progress(index, len(letters))
+    finally:
+        producer.flush(timeout)
     if failures:
         raise RuntimeError(f"{len(failures)} dead letter(s) not replayed: {failures[0]}")
     return acknowledged

@@ -281,3 +281,84 @@ def test_a_deadline_that_send_turns_into_another_exception_is_still_the_deadline
     outcome, errors, took = run(converts, timeout=0.0)
     assert (outcome.error, errors) == (DEADLINE_EXCEEDED, [DEADLINE_EXCEEDED])
     assert took < ATTEMPT_GRACE_S + DEADLINE_TICK_S + 0.5
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.done_calls = 0
+
+    def done(self) -> None:
+        self.done_calls += 1
+
+
+class _Recovery:
+    """Records what the deliverer writes; ``refuse`` names the writes that raise."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.dead_letters: list[tuple[str, str, int | None]] = []
+
+    async def delay(self, _delivery: PendingDelivery, _topic: str) -> None:
+        if "delay" in self.refuse:
+            raise RuntimeError("delay topic refused")
+
+    async def dead_letter(
+        self, delivery: PendingDelivery, reason: str, attempts: int | None = None
+    ) -> None:
+        if "dead_letter" in self.refuse:
+            raise RuntimeError("dead-letter topic refused")
+        self.dead_letters.append((delivery.message_id, reason, attempts))
+
+
+class _BrokenLadder:
+    """A retry policy that fails as the ladder did for a forged negative attempt."""
+
+    def after_failure(self, failed_attempt: int, now_ms: int) -> object:
+        raise IndexError("tuple index out of range")
+
+
+@pytest.mark.parametrize(
+    ("ladder", "refuse", "settled"),
+    [
+        ("broken", set(), True),  # the ladder raises: dead-lettered, internal_error
+        ("working", {"delay"}, True),  # the rung refuses: dead-lettered
+        ("working", {"delay", "dead_letter"}, False),  # nothing writable: left unfinished
+    ],
+)
+def test_a_delivery_whose_ladder_fails_is_dead_lettered_so_its_commit_moves(
+    ladder: str, refuse: set[str], settled: bool
+) -> None:
+    """An attempt answered 500 whose next step fails unexpectedly (the ladder raising, or its
+    rung refusing) is dead-lettered as ``internal_error`` and its record finished; only when
+    even the dead letter cannot be written is it left unfinished (delivered again later)."""
+    from bridge.core.retry import RetryPolicy
+
+    webhook = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
+    delivery = PendingDelivery(
+        webhook_id="shop",
+        message_id="msg_1",
+        event="transaction.failed",
+        transaction_id="tx-1",
+        body=b"{}",
+        attempt=0,
+        source=SourceRef("tx", 0, 1, 0),
+    )
+
+    class Answers500:
+        async def send(self, _request: DeliveryRequest, _timeout: float) -> Outcome:
+            return Outcome(500, "", 0.001)
+
+    policy = _BrokenLadder() if ladder == "broken" else RetryPolicy(("tx.retry.1",), 10, 10)
+    recovery = _Recovery(refuse)
+    work = _Work()
+
+    async def main() -> None:
+        lanes = Lanes(0.001, lambda: False)
+        metrics = Metrics(CollectorRegistry())
+        deliverer = Deliverer(Answers500(), lanes, recovery, policy, metrics)  # type: ignore[arg-type]
+        await deliverer.deliver(delivery, webhook, work)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert work.done_calls == (1 if settled else 0)
+    expected = [("msg_1", INTERNAL_ERROR, 1)] if settled else []
+    assert recovery.dead_letters == expected

@@ -28,11 +28,12 @@ from prometheus_client import CollectorRegistry
 
 from bridge.codec.decoding import Decoder
 from bridge.codec.encoding import encode_plain, load_schema_file
-from bridge.core.envelope import header_map
+from bridge.core.envelope import PendingDelivery, SourceRef, delay_headers, header_map
 from bridge.core.settings import Config, DeliveryConfig, RetryConfig, TopicsConfig
 from bridge.core.signing import message_id
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine import rebalance as rebalance_module
+from bridge.engine.clock import now_ms
 from bridge.engine.pipeline import Pipeline
 from bridge.http.sender import DeliveryRequest, Outcome
 from bridge.kafka.producer import ProduceError
@@ -553,3 +554,79 @@ def test_revoke_while_deliveries_are_in_flight_commits_only_finished_work() -> N
     handed_off = run.kafka.topics.get("src.retry.1", [])
     assert len(handed_off) == 5, "only the fresh assignment's deliveries are handed off"
     assert run.consumer.stored[("src", 0)] == 5
+
+
+def _retry_record(run: Run, index: int, *, also: tuple[str, ...] = (), **headers: bytes) -> None:
+    """A delay-topic record for webhook ``acct-0`` (and ``also``), due now, with ``headers``
+    written over the ones the bridge writes."""
+    delivery = PendingDelivery(
+        webhook_id="acct-0",
+        message_id=message_id(f"forged-{index}", SUCCESS, "acct-0"),
+        event=SUCCESS,
+        transaction_id=f"forged-{index}",
+        body=b'{"forged": true}',
+        attempt=1,
+        source=SourceRef("src", 0, 10_000 + index, 1),
+        due_ms=1,
+        also=also,
+    )
+    written = {name: value for name, value in delay_headers(delivery)}
+    written.update({name.replace("_", "-"): value for name, value in headers.items()})
+    run.kafka.append("src.retry.1", delivery.body, None, list(written.items()))
+
+
+HOSTILE_HEADERS: list[dict[str, bytes]] = [
+    {"bridge_due_ms": b"abc"},
+    {"bridge_deferrals": b"x"},
+    {"bridge_last_status": "²".encode()},
+    {"bridge_due_ms": b"1" + b"0" * 400},  # overflowed the hold's float
+    {"bridge_due_ms": b"9" * 5000},  # past int()'s digits
+    {"bridge_attempt": b"-10"},  # indexed the ladder from its end: the delivery never settled
+    {"bridge_deferrals": b"-1000000"},
+    {"bridge_source_offset": "٣".encode()},
+]
+
+
+def test_hostile_retry_records_are_dead_lettered_or_delivered_and_every_commit_moves() -> None:
+    """Forged or corrupt delay-topic records among good ones: each malformed one is a
+    ``malformed_retry_record`` dead letter, one due a year ahead (no rung writes that) is
+    taken now, parking records carrying three webhooks each wait for room for all three (in
+    flight never exceeds the limit, 4), and every other retry and every source record is
+    delivered: the commit of the source and of the rung reaches the end."""
+    forged = len(HOSTILE_HEADERS)
+    groups = 10
+    limit = 4
+    most_in_flight = [0]
+
+    def prepare(run: Run) -> None:
+        def sample() -> None:
+            most_in_flight[0] = max(most_in_flight[0], run.pipeline.in_flight.count)
+
+        run.sender.samples.append(sample)
+        for index, headers in enumerate(HOSTILE_HEADERS):
+            _retry_record(run, index, **headers)
+        _retry_record(run, forged, bridge_due_ms=str(now_ms() + 365 * 86_400_000).encode())
+        for group in range(groups):
+            _retry_record(run, forged + 1 + group, also=("acct-1", "acct-2"))
+
+    def done(run: Run) -> bool:
+        return (
+            run.consumer.stored.get(("src", 0)) == len(run.records)
+            and run.consumer.stored.get(("src.retry.1", 0)) == forged + 1 + groups
+        )
+
+    run = run_engine(11, limit, {"acct": 3}, 30, lambda _id, _seen: 200, done, prepare)
+    letters = [header_map(m.headers()) for m in run.kafka.topics["transactions.outcomes.dlq"]]
+    assert [(h["bridge-reason"], h["bridge-source-offset"]) for h in letters] == [
+        ("malformed_retry_record", str(offset)) for offset in range(forged)
+    ]
+    received = Counter(run.sender.received)
+    assert received[message_id(f"forged-{forged}", SUCCESS, "acct-0")] == 1
+    parked = {
+        message_id(f"forged-{forged + 1 + group}", SUCCESS, f"acct-{n}")
+        for group in range(groups)
+        for n in range(3)
+    }
+    assert parked <= set(received), "every webhook of every parking record"
+    assert _pairs(run) <= set(received)
+    assert most_in_flight[0] <= limit

@@ -79,10 +79,77 @@ def test_missing_header_is_a_clear_error(missing: str) -> None:
         parse_delivery(headers, DELIVERY.body, None)
 
 
-def test_malformed_number_is_a_clear_error() -> None:
-    headers = [(k, b"two" if k == "bridge-attempt" else v) for k, v in delay_headers(DELIVERY)]
-    with pytest.raises(EnvelopeError, match="not an integer"):
+NUMBER_HEADERS = [
+    "bridge-attempt",
+    "bridge-due-ms",
+    "bridge-last-status",
+    "bridge-deferrals",
+    "bridge-source-partition",
+    "bridge-source-offset",
+    "bridge-source-timestamp-ms",
+]
+
+
+@pytest.mark.parametrize("name", NUMBER_HEADERS)
+@pytest.mark.parametrize(
+    "written",
+    [
+        "two",
+        "²",  # str.isdigit() and int() take it
+        "٣",  # another script's digit: int() takes it
+        "-10",  # a negative attempt indexed the ladder from its end
+        "+3",
+        " 3",
+        "3_0",
+        "1" + "0" * 400,  # int() takes it; a hold of it overflowed a float
+        "9" * 5000,  # past int()'s limit on digits (ValueError)
+        "0x10",
+        "\uff13",  # fullwidth
+    ],
+)
+def test_every_number_header_is_whole_ascii_digits_in_range_or_a_clear_error(
+    name: str, written: str
+) -> None:
+    """Each number the bridge reads back from its own records is ASCII digits in range; anything
+    else is an EnvelopeError naming the header, its text clipped (never an int() error)."""
+    headers = [(k, written.encode() if k == name else v) for k, v in delay_headers(DELIVERY)]
+    with pytest.raises(EnvelopeError, match=name) as refused:
         parse_delivery(headers, DELIVERY.body, None)
+    assert len(str(refused.value)) < 120
+
+
+@pytest.mark.parametrize(
+    ("name", "written", "ok"),
+    [
+        ("bridge-attempt", str(2**31 - 1), True),
+        ("bridge-attempt", str(2**31), False),
+        ("bridge-deferrals", str(2**31), False),
+        ("bridge-last-status", "999", True),
+        ("bridge-last-status", "1000", False),
+        ("bridge-source-offset", str(2**63 - 1), True),
+        ("bridge-source-offset", str(2**63), False),
+        ("bridge-due-ms", "0" * 19, True),
+    ],
+)
+def test_number_headers_have_bounds(name: str, written: str, ok: bool) -> None:
+    headers = [(k, written.encode() if k == name else v) for k, v in delay_headers(DELIVERY)]
+    if ok:
+        parse_delivery(headers, DELIVERY.body, None)
+        return
+    with pytest.raises(EnvelopeError, match=f"{name}' is"):
+        parse_delivery(headers, DELIVERY.body, None)
+
+
+@pytest.mark.parametrize("name", ["bridge-due-ms", "bridge-last-status", "bridge-deferrals"])
+def test_optional_number_headers_may_be_absent_or_empty(name: str) -> None:
+    for headers in (
+        [(k, v) for k, v in delay_headers(DELIVERY) if k != name],
+        [(k, b"" if k == name else v) for k, v in delay_headers(DELIVERY)],
+    ):
+        parsed = parse_delivery(headers, DELIVERY.body, None)
+        assert (parsed.due_ms, parsed.last_status, parsed.deferrals)[
+            NUMBER_HEADERS[1:4].index(name)
+        ] in (0, None)
 
 
 def test_a_record_for_several_webhooks_round_trips_and_gives_one_delivery_each() -> None:

@@ -97,6 +97,7 @@ class Engine:
             self.dispatcher,
             self.recovery,
             self.metrics,
+            RetryPolicy.from_config(CONFIG).longest_wait_ms,
         )
 
     async def deliver(self, one: PendingDelivery, _webhook: Webhook, work: RecordWork) -> None:
