@@ -2,7 +2,9 @@
 
 A source record is decoded, mapped and matched to webhooks, one delivery for each match; a record
 that can never become a notification (poison) is dead-lettered whole, and one whose schema the
-registry cannot give now holds its partition, backing off. A retry record (from a delay topic or
+registry cannot give now holds its partition, backing off. A writer schema is fetched off the
+event loop, its partition held meanwhile: the consume loop, and every other partition, never
+wait for the registry. A retry record (from a delay topic or
 the parking topic) is taken once it is due, each of its deliveries going to its webhook again, or
 to the dead letters if that webhook was removed, disabled or no longer subscribed to the event.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -25,11 +28,13 @@ from bridge.core.webhook import Webhook
 from bridge.engine.dispatch import Dispatcher
 from bridge.engine.partition import PartitionState
 from bridge.engine.recovery import Recovery
+from bridge.kafka.consumer import TP
 from bridge.ops.metrics import Metrics
 
 log = logging.getLogger("bridge.engine.pipeline")  # the logger its events always had
 
 REGISTRY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+FETCH_CHECK_S = 0.05  # how often a partition waiting for a writer schema looks again
 CLOCK_SKEW_MS = 60_000
 """How far ahead of this replica's clock another's may run: a retry record due further ahead
 than the longest wait of the ladder plus this was not written so by any rung (forged, or a clock
@@ -54,6 +59,9 @@ class Intake:
         self.recovery = recovery
         self.metrics = metrics
         self.latest_due_ms = longest_wait_ms + CLOCK_SKEW_MS  # ahead of now: see CLOCK_SKEW_MS
+        # Per partition: the offset of the record whose writer schema is being fetched, and the
+        # fetch (which decodes that record).
+        self._fetches: dict[TP, tuple[int, asyncio.Future[Any]]] = {}
 
     async def source(self, msg: Message, partition: PartitionState, wall_ms: int) -> bool | None:
         """Take a source record: True when taken, False when its partition is held (the registry
@@ -64,12 +72,10 @@ class Intake:
         ts_type, ts = msg.timestamp()
         source = SourceRef(tp[0], tp[1], msg.offset(), ts if ts_type and ts > 0 else wall_ms)
         try:
-            if self.decoder.schema_id_to_fetch(value) is not None:
-                record = await asyncio.get_running_loop().run_in_executor(
-                    None, self.decoder.decode, value
-                )
-            else:
-                record = self.decoder.decode(value)
+            record = self._decoded(value, partition, source.offset)
+            if record is None:  # its writer schema is being fetched: look again shortly
+                partition.hold(time.monotonic() + FETCH_CHECK_S)
+                return False
             notification = to_notification(record, value)
         except BridgeError as exc:
             if not exc.retriable:  # the record can never become a notification
@@ -101,6 +107,24 @@ class Intake:
         )
         self.dispatcher.dispatch(partition, source.offset, delivery, webhooks, [])
         return True
+
+    def _decoded(self, value: bytes, partition: PartitionState, offset: int) -> Any:
+        """The record ``value`` holds, decoded inline when that needs no I/O; else None while
+        its writer schema is fetched from the registry off the event loop, and the outcome
+        (record or error) once the fetch ended. A slow registry holds only the partitions whose
+        records wait for it: the consume loop never waits on a fetch."""
+        fetch = self._fetches.get(partition.tp)
+        if fetch is not None and fetch[0] == offset:
+            if not fetch[1].done():
+                return None
+            del self._fetches[partition.tp]
+            return fetch[1].result()  # (raises the decoding's error)
+        if self.decoder.schema_id_to_fetch(value) is None:
+            return self.decoder.decode(value)
+        started = asyncio.get_running_loop().run_in_executor(None, self.decoder.decode, value)
+        started.add_done_callback(_retrieved)
+        self._fetches[partition.tp] = (offset, started)  # (a stale one is dropped, left to end)
+        return None
 
     def _hold(self, partition: PartitionState, offset: int, exc: BridgeError) -> None:
         """Hold a partition whose record is fine but needs what cannot answer now (the schema
@@ -166,3 +190,10 @@ class Intake:
                 gone.append((webhook_id, "event_unsubscribed"))
         self.dispatcher.dispatch(partition, msg.offset(), delivery, wanted, gone)
         return True
+
+
+def _retrieved(fetch: asyncio.Future[Any]) -> None:
+    """Take a finished fetch's error, so that one whose record went elsewhere (its partition
+    revoked) is not reported as never retrieved."""
+    if not fetch.cancelled():
+        fetch.exception()

@@ -7,16 +7,18 @@ The rebalance goes through :class:`bridge.engine.rebalance.Rebalance` and the fa
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from bridge.core.envelope import PendingDelivery, SourceRef, parse_delivery
-from bridge.core.errors import RegistryUnavailableError
+from bridge.core.errors import BridgeError, DecodeError, RegistryUnavailableError
 from bridge.core.retry import RetryPolicy
 from bridge.core.settings import Config, RetryConfig, TopicsConfig
 from bridge.core.signing import message_id
@@ -24,7 +26,7 @@ from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine.budget import Lanes
 from bridge.engine.dispatch import Dispatcher, InFlight
-from bridge.engine.intake import REGISTRY_BACKOFF_S, Intake
+from bridge.engine.intake import FETCH_CHECK_S, REGISTRY_BACKOFF_S, Intake
 from bridge.engine.partition import WAITING_LIMIT, Partitions, PartitionState, RecordWork
 from bridge.engine.rebalance import Rebalance
 from bridge.engine.recovery import Recovery
@@ -183,6 +185,76 @@ def test_registry_failures_back_off_and_a_revoke_forgets_them() -> None:
         assert fresh.registry_failures == 1
         assert fresh.hold_until is not None
         assert fresh.hold_until - before < REGISTRY_BACKOFF_S[0] + 0.1, "the first step again"
+
+    run(main())
+
+
+class SlowRegistry:
+    """A decoder whose registry answers a new schema id (values starting with 0x00) only when
+    ``answer`` is set, with ``error``; other values are not Avro (poison, decoded inline)."""
+
+    def __init__(self, error: BridgeError) -> None:
+        self.answer = threading.Event()
+        self.error = error
+        self.fetches = 0
+
+    def schema_id_to_fetch(self, value: bytes) -> int | None:
+        return 5 if value.startswith(b"\x00") else None
+
+    def decode(self, value: bytes) -> dict[str, Any]:
+        if value.startswith(b"\x00"):
+            self.fetches += 1
+            self.answer.wait(10)
+        raise self.error if value.startswith(b"\x00") else DecodeError("corrupt", "x", raw=value)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        DecodeError("unknown_schema_id", "schema id 5 is not registered"),
+        RegistryUnavailableError("registry down"),
+    ],
+)
+def test_a_registry_that_does_not_answer_holds_only_the_partition_waiting_for_it(
+    error: BridgeError,
+) -> None:
+    """A record whose writer schema must be fetched does not make the consume loop wait: its
+    partition is held and looked at again every FETCH_CHECK_S while one fetch runs off the
+    loop, and records of other partitions are taken meanwhile. Once the registry answers, the
+    record is dead-lettered (an unknown id) or its partition backs off (the registry down)."""
+
+    async def main() -> None:
+        engine = Engine()
+        registry = SlowRegistry(error)
+        engine.intake.decoder = registry  # type: ignore[assignment]
+        partitions = Partitions()
+        partitions.assign([SRC, ("src", 1)])
+        waiting, other = partitions.get(SRC), partitions.get(("src", 1))
+        assert waiting is not None and other is not None
+        record = FakeMessage("src", 3, b"\x00\x00\x00\x00\x05rest")
+        for _ in range(3):
+            before = time.monotonic()
+            assert await engine.intake.source(record, waiting, 0) is False
+            assert time.monotonic() - before < 0.05, "the loop did not wait for the registry"
+            assert waiting.hold_until is not None
+            assert waiting.hold_until - before <= FETCH_CHECK_S + 0.01
+            assert waiting.registry_failures == 0
+            assert await engine.intake.source(FakeMessage("src", 0, b"\x01"), other, 0) is True
+        assert registry.fetches == 1, "one fetch for the record, however often it is looked at"
+        registry.answer.set()
+        deadline = time.monotonic() + 3
+        while (taken := await engine.intake.source(record, waiting, 0)) is False:
+            if waiting.registry_failures:
+                break
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        if isinstance(error, RegistryUnavailableError):
+            assert taken is False and waiting.registry_failures == 1
+            assert waiting.hold_until is not None
+            assert waiting.hold_until - time.monotonic() > REGISTRY_BACKOFF_S[0] - 0.1
+        else:
+            assert taken is True and waiting.registry_failures == 0
+        assert registry.fetches == 1
 
     run(main())
 
