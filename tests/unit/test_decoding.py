@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import copy
+import io
+import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
+from fastavro import _logical_readers as fastavro_logical_readers
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.codec.decoding import READER_SCHEMA_FILE, Decoder, SchemaFilesError
+from bridge.codec.decoding import (
+    READER_SCHEMA_FILE,
+    Decoder,
+    SchemaFilesError,
+    max_decimal_bytes,
+    read_decimal,
+)
 from bridge.codec.encoding import (
     SCHEMA_FILE_LIMIT,
     encode_confluent,
@@ -281,6 +292,106 @@ def test_invalid_utf8_text_is_corrupt(
     value = encode_confluent(1, reader_schema, make_record(transactionId="abcd"))
     corrupted = value[:6] + b"\xff\xfe\xfd\xfc" + value[10:]
     assert_decode_error(confluent_decoder, corrupted, "corrupt")
+
+
+# --- Decimals: exact, within their precision, never slow ------------------------------------------
+
+
+def _avro_long(number: int) -> bytes:
+    """Avro's zig-zag varint of ``number``."""
+    zigzag = (number << 1) ^ (number >> 63)
+    out = bytearray()
+    while zigzag > 0x7F:
+        out.append(zigzag & 0x7F | 0x80)
+        zigzag >>= 7
+    return bytes(out) + bytes([zigzag])
+
+
+def with_amount_bytes(reader_schema: Any, record: dict[str, Any], data: bytes) -> bytes:
+    """The plain Avro of ``record`` with the bytes of its ``amount`` (a decimal) replaced."""
+    value = encode_plain(reader_schema, record)
+    unscaled = int(record["amount"].scaleb(6))
+    written = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
+    encoded = _avro_long(len(written)) + written
+    assert value.count(encoded) == 1
+    return value.replace(encoded, _avro_long(len(data)) + data)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "of 0 bytes (at least 1 is needed)"),
+        (b"\x00" * 12, "of 12 bytes, over the 11 that 24 digits can need"),
+        (b"\x7f" + b"\xff" * 299_999, "of 300,000 bytes, over the 11 that 24 digits can need"),
+        (
+            (10**24).to_bytes(11, "big", signed=True),
+            "with an unscaled value of more than 24 digits",
+        ),
+        (
+            (-(10**24)).to_bytes(11, "big", signed=True),
+            "with an unscaled value of more than 24 digits",
+        ),
+        (
+            (123456789012345678901234567).to_bytes(11, "big", signed=True),
+            "with an unscaled value of more than 24 digits",
+        ),
+    ],
+    ids=["empty", "12 bytes", "300 KB", "10^24", "-10^24", "27 digits"],
+)
+def test_a_decimal_its_precision_cannot_hold_is_refused_at_once(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory, data: bytes, why: str
+) -> None:
+    """No bytes, more bytes than 24 digits need, more than 24 digits: each is an invalid_decimal
+    naming the bound, never a zero, a rounded amount (fastavro's reader rounded 27 digits to 24)
+    or seconds of conversion (300 KB took 11 s)."""
+    value = with_amount_bytes(reader_schema, make_record(), data)
+    started = time.perf_counter()
+    error = assert_decode_error(plain_decoder, value, "invalid_decimal")
+    assert time.perf_counter() - started < 1.0
+    assert f"decimal(precision 24) {why}" in error.detail, error.detail
+
+
+def test_decimals_at_the_edges_of_the_precision_decode_exactly(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    for amount in ("999999999999999999.999999", "0.000001", "0.000000", "1500.000000"):
+        record = make_record(amount=Decimal(amount))
+        decoded = plain_decoder.decode(encode_plain(reader_schema, record))["amount"]
+        assert (str(decoded), decoded.as_tuple()) == (amount, Decimal(amount).as_tuple())
+    most = (10**24 - 1).to_bytes(11, "big", signed=True)
+    value = with_amount_bytes(reader_schema, make_record(), most)
+    assert str(plain_decoder.decode(value)["amount"]) == "999999999999999999.999999"
+
+
+@given(data=st.data())
+def test_decimals_within_the_precision_read_as_fastavro_reads_them(data: st.DataObject) -> None:
+    """Every unscaled value of at most ``precision`` digits, written in as few bytes as it needs
+    (as fastavro's and Java's writers do) or in a wider ``fixed``, reads as fastavro's own
+    reader reads it: same digits, same exponent."""
+    precision = data.draw(st.integers(1, 40), label="precision")
+    scale = data.draw(st.integers(0, precision), label="scale")
+    edge = 10**precision - 1
+    unscaled = data.draw(st.integers(-edge, edge) | st.sampled_from([edge, -edge, 0, -1]))
+    width = max(1, (unscaled.bit_length() + 8) // 8)
+    assert width <= max_decimal_bytes(precision)
+    as_bytes = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+    as_fixed = {**as_bytes, "type": "fixed", "name": "F", "size": max_decimal_bytes(precision) + 3}
+    for schema, size in ((as_bytes, width), (as_fixed, as_fixed["size"])):
+        raw = unscaled.to_bytes(size, "big", signed=True)
+        ours = read_decimal(raw, schema)
+        theirs = fastavro_logical_readers.read_decimal(raw, schema)
+        assert (str(ours), ours.as_tuple()) == (str(theirs), theirs.as_tuple())
+
+
+def test_fastavro_reads_decimals_with_the_strict_reader() -> None:
+    schema = {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2}
+    value = encode_plain(schema, Decimal("99.99"))
+    assert fastavro.schemaless_reader(io.BytesIO(value), fastavro.parse_schema(schema), None) == (
+        Decimal("99.99")
+    )
+    too_many_digits = _avro_long(2) + (10_000).to_bytes(2, "big", signed=True)
+    with pytest.raises(ValueError, match="more than 4 digits"):
+        fastavro.schemaless_reader(io.BytesIO(too_many_digits), fastavro.parse_schema(schema), None)
 
 
 # --- Fuzzing: only DecodeError ever escapes ----------------------------------------------------
