@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from decimal import Context, Decimal, Inexact, Rounded
 from functools import lru_cache
@@ -96,6 +96,75 @@ def read_decimal(
 
 LOGICAL_READERS["bytes-decimal"] = read_decimal
 LOGICAL_READERS["fixed-decimal"] = read_decimal
+
+
+class UnsupportedWriterSchema(ValueError):
+    """A writer schema whose records fastavro cannot read safely; the message names the shape."""
+
+
+_Visit = Generator[tuple[object, str], bool | None, bool]
+
+
+def check_writer_schema(parsed: object) -> None:
+    """Refuse (:class:`UnsupportedWriterSchema`) the two shapes of parsed writer schema whose
+    records fastavro cannot read safely: a named type that refers to itself (fastavro's compiled
+    reader recurses on the C stack for each nested level: a record nested 50,000 deep crashed the
+    process) and an array whose items take no bytes (null, fixed of size 0, a record of only
+    such fields: a declared count of 2^62 items is read for ever, holding the GIL). A map of
+    such values is fine: each key takes a byte at least. One iterative walk: deep schemas too."""
+    takes_no_bytes: dict[str, bool] = {}  # named types walked, by full name
+    enclosing: set[str] = set()  # named types being walked
+
+    def visit(schema: object, where: str) -> _Visit:
+        if isinstance(schema, str):
+            if schema in enclosing:
+                raise UnsupportedWriterSchema(
+                    f"{where} refers to {schema}, a type that contains it: recursive types are "
+                    "not read (a record nested in itself 50,000 deep would crash the reader)"
+                )
+            return takes_no_bytes.get(schema, schema == "null")
+        if isinstance(schema, list):  # a union: its branch index takes a byte at least
+            for branch in schema:
+                yield branch, where
+            return False
+        assert isinstance(schema, dict)
+        kind = schema["type"]
+        if kind in ("record", "error"):
+            name = schema["name"]
+            enclosing.add(name)
+            empty = True
+            for field in schema["fields"]:
+                empty = bool((yield field["type"], f"field {name}.{field['name']}")) and empty
+            enclosing.discard(name)
+            takes_no_bytes[name] = empty
+            return empty
+        if kind == "array":
+            if (yield schema["items"], where):
+                raise UnsupportedWriterSchema(
+                    f"{where} is an array of items that take no bytes: arrays of those are not "
+                    "read (a count of 2^62 of them would be read for ever)"
+                )
+            return False
+        if kind == "map":
+            yield schema["values"], where
+            return False
+        if kind in ("fixed", "enum"):
+            empty = kind == "fixed" and bool(schema["size"] == 0)
+            takes_no_bytes[schema["name"]] = empty
+            return empty
+        return bool((yield kind, where))  # a primitive type with attributes (logicalType...)
+
+    stack = [visit(parsed, "the writer schema")]
+    answer: bool | None = None
+    while stack:
+        try:
+            inner = stack[-1].send(answer)
+        except StopIteration as finished:
+            stack.pop()
+            answer = finished.value
+        else:
+            stack.append(visit(*inner))
+            answer = None
 
 
 class SchemaFilesError(ValueError):
@@ -197,16 +266,19 @@ class Decoder:
         """A decoder reading with ``transaction_outcome.avsc`` that knows every ``.avsc`` there.
 
         Raises :class:`SchemaFilesError` naming every file that is not a readable Avro schema (not
-        a regular file, too large, not UTF-8 JSON, not Avro), before any record is read."""
+        a regular file, too large, not UTF-8 JSON, not Avro, a shape :func:`check_writer_schema`
+        refuses), before any record is read."""
         problems: list[str] = []
 
         def schema(path: Path) -> AvroSchema:
             try:
                 loaded = load_schema_file(path)
-                fastavro.parse_schema(loaded)
+                check_writer_schema(fastavro.parse_schema(loaded))
                 single_object_fingerprint(loaded)
             except SchemaFileError as exc:
                 problems.append(f"{printable(str(path))}: {exc}")
+            except UnsupportedWriterSchema as exc:
+                problems.append(f"{printable(str(path))}: unsupported writer schema: {exc}")
             except Exception as exc:  # fastavro's errors for a schema are of many types
                 why = _shorten(printable(f"{type(exc).__name__}: {exc}"))
                 problems.append(f"{printable(str(path))}: not a valid Avro schema: {why}")
@@ -310,6 +382,11 @@ class Decoder:
                 f"{origin} is not a valid Avro schema: {_shorten(str(exc))}",
                 raw=raw,
             ) from exc
+        try:
+            check_writer_schema(parsed_writer)
+        except UnsupportedWriterSchema as exc:
+            detail = f"{origin}: {printable(_shorten(str(exc)))}"
+            raise DecodeError("unsupported_writer_schema", detail, raw=raw) from exc
         same_as_reader = _without_docs(writer_schema) == _without_docs(self._reader_schema)
         reader = None if same_as_reader else self._parsed_reader
         writer_name = parsed_writer.get("name") if isinstance(parsed_writer, dict) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -20,6 +21,8 @@ from bridge.codec.decoding import (
     READER_SCHEMA_FILE,
     Decoder,
     SchemaFilesError,
+    UnsupportedWriterSchema,
+    check_writer_schema,
     max_decimal_bytes,
     read_decimal,
 )
@@ -394,6 +397,154 @@ def test_fastavro_reads_decimals_with_the_strict_reader() -> None:
         fastavro.schemaless_reader(io.BytesIO(too_many_digits), fastavro.parse_schema(schema), None)
 
 
+# --- Writer schemas fastavro cannot read safely ------------------------------------------------
+
+NODE_SCHEMA = {
+    "type": "record",
+    "name": "Node",
+    "fields": [{"name": "next", "type": ["null", "Node"]}],
+}
+RECURSIVE_SCHEMAS: dict[str, tuple[Any, str]] = {
+    "linked list": (NODE_SCHEMA, "field Node.next refers to Node, a type that contains it"),
+    "through a map": (
+        {
+            "type": "record",
+            "name": "Tree",
+            "fields": [{"name": "children", "type": {"type": "map", "values": "Tree"}}],
+        },
+        "field Tree.children refers to Tree",
+    ),
+    "through an array": (
+        {
+            "type": "record",
+            "name": "Tree",
+            "fields": [{"name": "kids", "type": {"type": "array", "items": "Tree"}}],
+        },
+        "field Tree.kids refers to Tree",
+    ),
+    "through another record, by its full name": (
+        {
+            "type": "record",
+            "name": "A",
+            "namespace": "one",
+            "fields": [
+                {
+                    "name": "b",
+                    "type": {
+                        "type": "record",
+                        "name": "B",
+                        "namespace": "two",
+                        "fields": [{"name": "back", "type": ["null", "one.A"]}],
+                    },
+                }
+            ],
+        },
+        "field two.B.back refers to one.A, a type that contains it",
+    ),
+}
+EMPTY_RECORD = {"type": "record", "name": "Empty", "fields": []}
+ZERO_SIZE_ARRAYS: dict[str, tuple[Any, str]] = {
+    "of null": ("null", "null"),
+    "of null with attributes": ({"type": "null"}, "null"),
+    "of a record without fields": (EMPTY_RECORD, "Empty"),
+    "of a fixed of size 0": ({"type": "fixed", "name": "Nothing", "size": 0}, "Nothing"),
+    "of a record of records of null": (
+        {
+            "type": "record",
+            "name": "Outer",
+            "fields": [
+                {"name": "a", "type": "null"},
+                {"name": "inner", "type": EMPTY_RECORD},
+                {"name": "again", "type": "Empty"},
+            ],
+        },
+        "Outer",
+    ),
+}
+
+
+def holding(field_type: Any) -> dict[str, Any]:
+    """A record schema with one field of ``field_type``, named ``pad``."""
+    return {"type": "record", "name": "Holder", "fields": [{"name": "pad", "type": field_type}]}
+
+
+@pytest.mark.parametrize("kind", sorted(RECURSIVE_SCHEMAS))
+def test_a_recursive_writer_schema_is_refused(kind: str) -> None:
+    schema, why = RECURSIVE_SCHEMAS[kind]
+    with pytest.raises(UnsupportedWriterSchema, match="recursive types are not read") as caught:
+        check_writer_schema(fastavro.parse_schema(schema))
+    assert why in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", sorted(ZERO_SIZE_ARRAYS))
+def test_an_array_of_items_that_take_no_bytes_is_refused(kind: str) -> None:
+    items, _ = ZERO_SIZE_ARRAYS[kind]
+    schema = fastavro.parse_schema(holding({"type": "array", "items": items}))
+    with pytest.raises(UnsupportedWriterSchema) as caught:
+        check_writer_schema(schema)
+    assert str(caught.value).startswith(
+        "field Holder.pad is an array of items that take no bytes"
+    ), caught.value
+
+
+@pytest.mark.parametrize(
+    "field_type",
+    [
+        {"type": "map", "values": "null"},  # each key takes a byte at least
+        {"type": "array", "items": ["null"]},  # the branch index takes a byte
+        {"type": "array", "items": {"type": "array", "items": "int"}},
+        {"type": "array", "items": {"type": "enum", "name": "One", "symbols": ["ONLY"]}},
+        {"type": "array", "items": {"type": "fixed", "name": "Byte", "size": 1}},
+        {"type": "array", "items": {**holding(["null", "int"]), "name": "Inner"}},
+        ["null", {"type": "record", "name": "Leaf", "fields": []}, "Leaf"],
+    ],
+)
+def test_writer_schemas_that_read_safely_are_kept(field_type: Any) -> None:
+    check_writer_schema(fastavro.parse_schema(holding(field_type)))
+
+
+def test_records_of_a_recursive_registry_schema_are_refused_not_read(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    """The review's shapes: the transaction schema with an optional linked list, a record nested
+    in it 50,000 deep (fastavro's reader crashed the process: SIGSEGV), and a list alone."""
+    with_chain = copy.deepcopy(reader_schema)
+    with_chain["fields"].append({"name": "chain", "type": ["null", NODE_SCHEMA], "default": None})
+    source = make_schema_source({4: with_chain, 6: NODE_SCHEMA})
+    decoder = Decoder(reader_schema, registry=source)
+    chain = b"\x02" * 50_000 + b"\x00"
+    value = encode_confluent(4, reader_schema, make_record()) + chain
+    error = assert_decode_error(decoder, value, "unsupported_writer_schema")
+    assert "schema id 4: field payments.transactions.Node.next refers to" in error.detail
+    assert_decode_error(decoder, b"\x00\x00\x00\x00\x06" + chain, "unsupported_writer_schema")
+
+
+def test_records_of_an_array_of_nulls_are_refused_not_read_for_ever(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    """The review's shape: a field array<null> declaring 2^62 items (the decoder never ended)."""
+    with_pad = copy.deepcopy(reader_schema)
+    pad = {"name": "pad", "type": {"type": "array", "items": "null"}, "default": []}
+    with_pad["fields"].append(pad)
+    decoder = Decoder(reader_schema, registry=make_schema_source({3: with_pad}))
+    value = encode_confluent(3, reader_schema, make_record()) + _avro_long(1 << 62) + b"\x00"
+    error = assert_decode_error(decoder, value, "unsupported_writer_schema")
+    assert "field payments.transactions.TransactionOutcome.pad is an array" in error.detail
+
+
+@pytest.mark.parametrize("place", ["plain writer", "known"])
+def test_a_decoder_is_not_built_with_a_writer_schema_it_cannot_read_safely(
+    reader_schema: Any, place: str
+) -> None:
+    schema = holding({"type": "array", "items": "null"})
+    with pytest.raises(DecodeError) as caught:
+        if place == "plain writer":
+            Decoder(reader_schema, plain_writer_schema=schema)
+        else:
+            Decoder(reader_schema, known_writer_schemas=[NODE_SCHEMA])
+    assert caught.value.reason == "unsupported_writer_schema"
+
+
 # --- Fuzzing: only DecodeError ever escapes ----------------------------------------------------
 
 
@@ -474,6 +625,14 @@ BAD_SCHEMA_FILES: dict[str, tuple[Callable[[Path], object], str]] = {
         "not a valid Avro schema: KeyError",
     ),
     "number": (lambda path: path.write_text("12"), "not a valid Avro schema"),
+    "recursive": (
+        lambda path: path.write_text(json.dumps(NODE_SCHEMA)),
+        "unsupported writer schema: field Node.next refers to Node",
+    ),
+    "array of nulls": (
+        lambda path: path.write_text(json.dumps(holding({"type": "array", "items": "null"}))),
+        "unsupported writer schema: field Holder.pad is an array of items that take no bytes",
+    ),
 }
 
 
