@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import socket
 import threading
+import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -13,7 +17,13 @@ import pytest
 
 from bridge.codec.decoding import Decoder
 from bridge.codec.encoding import encode_confluent
-from bridge.codec.registry import RegistryRefusedError, SchemaRegistryClient
+from bridge.codec.registry import (
+    ANSWER_LIMIT,
+    UNKNOWN_ID_MEMORY_S,
+    UNKNOWN_IDS_REMEMBERED,
+    RegistryRefusedError,
+    SchemaRegistryClient,
+)
 from bridge.core.errors import DecodeError, RegistryUnavailableError
 from tests.ports import refused_port
 
@@ -294,3 +304,173 @@ def test_probe_tells_refused_credentials_from_an_unavailable_registry(
         nobody = SchemaRegistryClient(f"http://127.0.0.1:{port}", timeout=1.0)
         with nobody, pytest.raises(RegistryUnavailableError, match="unreachable"):
             nobody.probe()
+
+
+# --- Registries that answer too slowly, too much, or the same "unknown" again -------------------
+
+
+class RawServer:
+    """A server on 127.0.0.1 that reads a request's head, then runs ``answer`` on the socket."""
+
+    def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.answer = answer
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        with self.listener, self.listener.accept()[0] as connection:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += connection.recv(4096)
+            with contextlib.suppress(OSError):  # the client gave up and closed
+                self.answer(connection, self.stop)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+
+def trickle(data: bytes, every_s: float = 0.05) -> Callable[[socket.socket, threading.Event], None]:
+    """Send ``data`` a byte at a time, one each ``every_s`` (well within any read timeout)."""
+
+    def answer(connection: socket.socket, stop: threading.Event) -> None:
+        for index in range(len(data)):
+            if stop.wait(every_s):
+                return
+            connection.sendall(data[index : index + 1])
+
+    return answer
+
+
+def endless(head: bytes) -> Callable[[socket.socket, threading.Event], None]:
+    """Send ``head``, then 64 KB chunks of a JSON string for as long as the client reads."""
+
+    def answer(connection: socket.socket, stop: threading.Event) -> None:
+        connection.sendall(head + b'{"schema": "')
+        chunk = b"x" * 65536
+        while not stop.is_set():
+            connection.sendall(chunk)
+
+    return answer
+
+
+@pytest.fixture
+def raw_server() -> Iterator[Callable[..., RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(answer: Callable[[socket.socket, threading.Event], None]) -> RawServer:
+        servers.append(RawServer(answer))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+ANSWER = json.dumps({"schema": '"string"'}).encode()
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        OK_HEAD + b"X-Pad: " + b"a" * 400 + b"\r\n\r\n",  # the head never ends in time
+        OK_HEAD + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode() + ANSWER,
+    ],
+    ids=["head", "body"],
+)
+def test_a_registry_trickling_its_answer_is_given_up_at_the_deadline(
+    raw_server: Callable[..., RawServer], sent: bytes
+) -> None:
+    """A byte every 50 ms never trips a read timeout of 0.5 s (httpx's timeouts are per read: a
+    byte every 2 s held the fetch, and the consume loop, for ever); the request ends at 0.5 s."""
+    server = raw_server(trickle(sent))
+    client = SchemaRegistryClient(server.url, timeout=0.5)
+    started = time.monotonic()
+    with client, pytest.raises(RegistryUnavailableError) as caught:
+        client.fetch(1)
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 1.5, elapsed
+    assert str(caught.value) == (
+        f"schema registry at {server.url} did not answer GET /schemas/ids/1 within 0.5s "
+        "(ReadTimeout)"
+    )
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        OK_HEAD + b"Content-Length: 209715200\r\n\r\n",
+        OK_HEAD + b"Connection: close\r\n\r\n",  # no length: the body ends with the connection
+    ],
+    ids=["declared", "undeclared"],
+)
+def test_an_answer_over_the_limit_is_not_read_past_it(
+    raw_server: Callable[..., RawServer], head: bytes
+) -> None:
+    """A 200 MB answer grew the bridge to 634 MB; now no more than the limit and a chunk is held,
+    and the answer is the registry failing (retriable: the record is not dead-lettered)."""
+    server = raw_server(endless(head))
+    tracemalloc.start()
+    try:
+        with (
+            SchemaRegistryClient(server.url, timeout=5.0) as client,
+            pytest.raises(RegistryUnavailableError) as caught,
+        ):
+            client.fetch(1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value) == (
+        f"schema registry at {server.url} answered GET /schemas/ids/1 with more than "
+        f"{ANSWER_LIMIT:,} bytes"
+    )
+    assert peak < 3 * ANSWER_LIMIT, peak
+
+
+class FakeClock:
+    """A monotonic clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unknown_id_is_remembered_for_a_while(registry_server: FakeRegistry) -> None:
+    """Records naming the same bogus id cost one request per interval, not one each."""
+    clock = FakeClock()
+    with SchemaRegistryClient(registry_server.url, clock=clock) as client:
+        for _ in range(3):
+            with pytest.raises(DecodeError) as caught:
+                client.fetch(42)
+            assert (caught.value.reason, caught.value.retriable) == ("unknown_schema_id", False)
+            assert "schema id 42 is not in the schema registry" in caught.value.detail
+        assert len(registry_server.requests) == 1
+        clock.now += UNKNOWN_ID_MEMORY_S
+        with pytest.raises(DecodeError):
+            client.fetch(42)
+        assert len(registry_server.requests) == 2
+
+
+def test_only_the_last_unknown_ids_are_remembered(registry_server: FakeRegistry) -> None:
+    """The ids remembered are bounded: past the limit, the one seen longest ago is asked again."""
+    ids = range(10_000, 10_000 + UNKNOWN_IDS_REMEMBERED + 1)
+    with SchemaRegistryClient(registry_server.url) as client:
+        for schema_id in ids:
+            with pytest.raises(DecodeError):
+                client.fetch(schema_id)
+        asked = len(registry_server.requests)
+        for schema_id in (ids[-1], ids[1], ids[0]):
+            with pytest.raises(DecodeError):
+                client.fetch(schema_id)
+    assert [path for _, path, _ in registry_server.requests[asked:]] == [
+        f"{BASE_PATH}/schemas/ids/{ids[0]}"
+    ]
