@@ -314,14 +314,11 @@ class RawServer:
 
     def __init__(self, answer: Callable[[socket.socket, threading.Event], None]) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.answer = answer
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
 
     def _serve(self) -> None:
         with self.listener, self.listener.accept()[0] as connection:
