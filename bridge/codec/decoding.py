@@ -16,7 +16,9 @@ Importing this module replaces fastavro's readers of the ``decimal`` logical typ
 reader looks them up in, for every fastavro reader in the process) with :func:`read_decimal`,
 which refuses what fastavro's would round or spend seconds on: fastavro converts any number of
 bytes (its int to Decimal conversion is quadratic: 300 KB took 11 s) and rounds the digits beyond
-the precision away.
+the precision away; and ``long-timestamp-millis`` with :func:`read_timestamp_millis`, fastavro's
+own reader saying which value is out of the range of dates (fastavro's says only "Python int too
+large to convert to C int").
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import io
 import math
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Context, Decimal, Inexact, Rounded
 from functools import lru_cache
 from pathlib import Path
@@ -49,8 +52,13 @@ READER_SCHEMA_FILE = "transaction_outcome.avsc"
 DEFAULT_MAX_RECORD_BYTES = 1024 * 1024
 
 
-class DecimalRefused(ValueError):
-    """A decimal's bytes that its schema's precision cannot hold; the message says which bound."""
+class ValueRefused(ValueError):
+    """A logical value its type cannot hold (``reason``: ``invalid_decimal``,
+    ``invalid_timestamp``); the message says which bound."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def max_decimal_bytes(precision: int) -> int:
@@ -73,29 +81,53 @@ def read_decimal(
     data: bytes, writer_schema: dict[str, Any], reader_schema: object = None
 ) -> Decimal:
     """The exact Decimal of an Avro ``decimal`` (bytes or fixed), as fastavro's reader gives it for
-    a value within the precision; :class:`DecimalRefused` for no bytes, more bytes than the
+    a value within the precision; :class:`ValueRefused` for no bytes, more bytes than the
     precision can need (``bytes`` only: a ``fixed`` has the size its schema says) or more digits
     than the precision."""
+    refused = "invalid_decimal"
     precision: int = writer_schema["precision"]
     scale: int = writer_schema.get("scale", 0)
     if not data:
-        raise DecimalRefused(f"decimal(precision {precision}) of 0 bytes (at least 1 is needed)")
+        raise ValueRefused(
+            refused, f"decimal(precision {precision}) of 0 bytes (at least 1 is needed)"
+        )
     most = max_decimal_bytes(precision)
     if writer_schema["type"] == "bytes" and len(data) > most:
-        raise DecimalRefused(
+        raise ValueRefused(
+            refused,
             f"decimal(precision {precision}) of {len(data):,} bytes, over the {most} that "
-            f"{precision} digits can need"
+            f"{precision} digits can need",
         )
     unscaled = int.from_bytes(data, "big", signed=True)  # linear; only the Decimal is not
     if abs(unscaled) >= _power_of_ten(precision):
-        raise DecimalRefused(
-            f"decimal(precision {precision}) with an unscaled value of more than {precision} digits"
+        raise ValueRefused(
+            refused,
+            f"decimal(precision {precision}) with an unscaled value of more than {precision} "
+            "digits",
         )
     return Decimal(unscaled).scaleb(-scale, _decimal_context(precision))
 
 
+_fastavro_timestamp_millis = LOGICAL_READERS["long-timestamp-millis"]
+
+
+def read_timestamp_millis(
+    data: int, writer_schema: object = None, reader_schema: object = None
+) -> datetime:
+    """fastavro's reading of a ``timestamp-millis``; :class:`ValueRefused` naming the value for
+    one outside the years 1 to 9999."""
+    try:
+        return cast(datetime, _fastavro_timestamp_millis(data, writer_schema, reader_schema))
+    except OverflowError:
+        raise ValueRefused(
+            "invalid_timestamp",
+            f"timestamp-millis {data} is out of the range of dates (years 1 to 9999)",
+        ) from None
+
+
 LOGICAL_READERS["bytes-decimal"] = read_decimal
 LOGICAL_READERS["fixed-decimal"] = read_decimal
+LOGICAL_READERS["long-timestamp-millis"] = read_timestamp_millis
 
 
 class UnsupportedWriterSchema(ValueError):
@@ -204,8 +236,8 @@ class _ResolvedReader:
             if message.lower().startswith("schema mismatch"):  # fastavro quotes both schemas whole
                 message = "the writer schema does not resolve to the reader schema"
             raise DecodeError(reason, f"{self.origin}: {_shorten(message)}", raw=value) from exc
-        except DecimalRefused as exc:
-            raise DecodeError("invalid_decimal", f"{self.origin}: {exc}", raw=value) from exc
+        except ValueRefused as exc:
+            raise DecodeError(exc.reason, f"{self.origin}: {exc}", raw=value) from exc
         except Exception as exc:
             # fastavro reports a short buffer as EOFError, IndexError or ValueError, and garbage as
             # almost anything; a read that stopped at the end of the bytes ran out of them.
@@ -328,8 +360,21 @@ class Decoder:
         if value[:2] == SINGLE_OBJECT_MAGIC:
             return self._decode_single_object(value)
         if self._registry is None:
-            return self._plain_reader.read(value, 0)
+            return self._decode_plain(value)
         return self._decode_confluent(value, self._registry)
+
+    def _decode_plain(self, value: bytes) -> dict[str, Any]:
+        try:
+            return self._plain_reader.read(value, 0)
+        except DecodeError as exc:
+            if value[:1] != CONFLUENT_MAGIC_BYTE or len(value) < CONFLUENT_HEADER_SIZE:
+                raise
+            schema_id = int.from_bytes(value[1:CONFLUENT_HEADER_SIZE], "big")
+            hint = (
+                f" (the value starts like the Confluent wire format, schema id {schema_id}, "
+                "which only schemas.mode registry reads)"
+            )
+            raise DecodeError(exc.reason, exc.detail + hint, raw=value) from exc
 
     def _decode_single_object(self, value: bytes) -> dict[str, Any]:
         if len(value) < SINGLE_OBJECT_HEADER_SIZE:

@@ -7,6 +7,7 @@ import io
 import json
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -395,6 +396,41 @@ def test_fastavro_reads_decimals_with_the_strict_reader() -> None:
     too_many_digits = _avro_long(2) + (10_000).to_bytes(2, "big", signed=True)
     with pytest.raises(ValueError, match="more than 4 digits"):
         fastavro.schemaless_reader(io.BytesIO(too_many_digits), fastavro.parse_schema(schema), None)
+
+
+@pytest.mark.parametrize("millis", [1 << 62, -(1 << 62), 253402300800000])
+def test_a_timestamp_out_of_the_range_of_dates_says_so(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory, millis: int
+) -> None:
+    """fastavro's message was "OverflowError: Python int too large to convert to C int"."""
+    record = make_record()
+    written = _avro_long(int(record["performedAt"].timestamp() * 1000))
+    value = encode_plain(reader_schema, record)
+    assert value.count(written) == 1
+    error = assert_decode_error(
+        plain_decoder, value.replace(written, _avro_long(millis)), "invalid_timestamp"
+    )
+    assert f"timestamp-millis {millis} is out of the range of dates" in error.detail
+
+
+def test_the_last_millisecond_of_year_9999_still_decodes(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    last = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+    record = make_record(performedAt=last)
+    assert plain_decoder.decode(encode_plain(reader_schema, record)) == record
+
+
+def test_a_confluent_record_read_without_a_registry_says_which_framing_it_looks_like(
+    plain_decoder: Decoder, reader_schema: Any, make_record: Factory
+) -> None:
+    value = encode_confluent(7, reader_schema, make_record())
+    error = assert_decode_error(plain_decoder, value, "corrupt")
+    assert error.detail.startswith("plain Avro record (payments.transactions.TransactionOutcome)")
+    assert error.detail.endswith(
+        "(the value starts like the Confluent wire format, schema id 7, which only "
+        "schemas.mode registry reads)"
+    )
 
 
 # --- Writer schemas fastavro cannot read safely ------------------------------------------------
