@@ -61,6 +61,11 @@ class ValueRefused(ValueError):
         self.reason = reason
 
 
+MAX_DECIMAL_PRECISION = 1000
+"""The most digits of a decimal read (the transaction schema's amount has 24): a writer schema's
+``fixed`` may be as wide as the record, and converting that many digits is quadratic."""
+
+
 def max_decimal_bytes(precision: int) -> int:
     """The most bytes a two's-complement unscaled value of ``precision`` digits needs."""
     return math.ceil((precision * math.log2(10) + 1) / 8)
@@ -87,6 +92,10 @@ def read_decimal(
     refused = "invalid_decimal"
     precision: int = writer_schema["precision"]
     scale: int = writer_schema.get("scale", 0)
+    if precision > MAX_DECIMAL_PRECISION:  # (a fixed of a writer schema's size: bound the work)
+        raise ValueRefused(
+            refused, f"decimal(precision {precision}), over the {MAX_DECIMAL_PRECISION} digits read"
+        )
     if not data:
         raise ValueRefused(
             refused, f"decimal(precision {precision}) of 0 bytes (at least 1 is needed)"

@@ -712,3 +712,19 @@ def test_every_bad_schema_file_is_named_once(schema_dir: Path, tmp_path: Path) -
         str(directory / READER_SCHEMA_FILE),
         str(directory / "b.avsc"),
     ]
+
+
+def test_a_decimal_of_a_precision_past_the_bound_is_refused_at_once() -> None:
+    """A writer schema's decimal may be a ``fixed`` as wide as the record, with any precision:
+    past MAX_DECIMAL_PRECISION digits it is refused before any conversion."""
+    import time
+
+    from bridge.codec.decoding import MAX_DECIMAL_PRECISION, ValueRefused, read_decimal
+
+    wide = {"type": "fixed", "size": 400_000, "precision": 1_000_000, "scale": 2}
+    started = time.process_time()
+    with pytest.raises(ValueRefused, match=f"over the {MAX_DECIMAL_PRECISION} digits"):
+        read_decimal(b"\x7f" * 400_000, wide)
+    assert time.process_time() - started < 0.5
+    edge = {"type": "fixed", "size": 416, "precision": MAX_DECIMAL_PRECISION, "scale": 0}
+    assert read_decimal((10**999).to_bytes(416, "big", signed=True), edge) == 10**999
