@@ -10,18 +10,40 @@
 - ``/status``: per-webhook detail outside Prometheus, as JSON (:mod:`bridge.ops.status`): the
   webhooks failing, stalled, out of credit or busy now (ids only, bounded), the totals, and the
   configuration in force.
+
+The port shares the event loop, and the process's file descriptors, with every delivery, and
+whoever can reach it is not trusted (a hostile review: 21,000 idle connections used every
+descriptor, so deliveries failed with "Too many open files"; 100 connections pipelining
+unread ``/metrics`` requests held the loop for seconds). So what clients can make it do is
+bounded (:class:`_Guard`): at most :data:`MAX_CONNECTIONS` connections at once (more are closed
+as they come), each closed after :data:`IDLE_S` without a byte from its client, after
+:data:`LIFETIME_S` in all, or once it has sent :data:`MAX_REQUEST_BYTES`; and ``/metrics`` is
+rendered at most once per :data:`METRICS_MAX_AGE_S`, every request within it answered with the
+same bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
+from typing import Any, Final, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 LOOP_STALL_S = 60.0
+MAX_CONNECTIONS: Final = 64
+"""Connections the port holds at once (Prometheus, kubelet probes, an operator): well within
+the descriptors kept for everything but deliveries (:data:`bridge.ops.limits.OTHER_FILES`)."""
+IDLE_S: Final = 10.0
+"""A connection whose client sent nothing for this long is closed (a keep-alive scraper
+reconnects at its next scrape)."""
+LIFETIME_S: Final = 120.0
+MAX_REQUEST_BYTES: Final = 64 * 1024
+"""The most bytes one connection may send (its requests' heads: a few hundred bytes each)."""
+METRICS_MAX_AGE_S: Final = 1.0
 
 
 def health_app(
@@ -33,10 +55,14 @@ def health_app(
 ) -> web.Application:
     """The aiohttp application serving the endpoints (``/status`` only when ``status`` is given)."""
 
+    rendered_at, rendered = float("-inf"), b""
+
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        nonlocal rendered_at, rendered
+        now = time.monotonic()
+        if now - rendered_at >= METRICS_MAX_AGE_S:
+            rendered_at, rendered = now, generate_latest(registry)
+        return web.Response(body=rendered, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
         stalled = time.monotonic() - last_loop()
@@ -71,8 +97,103 @@ def health_app(
 
 
 async def start_health_server(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Serve ``app`` on host:port; returns the runner to clean up at shutdown."""
-    runner = web.AppRunner(app, access_log=None)
+    """Serve ``app`` on host:port, its connections bounded (:class:`_Guard`); returns the runner
+    to clean up at shutdown."""
+    runner = _GuardedRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+class _GuardedRunner(web.AppRunner):
+    """aiohttp's runner whose server (the protocol factory every site listens with) is wrapped
+    in a :class:`_Guard`."""
+
+    async def _make_server(self) -> Any:
+        return _Guard(await super()._make_server())
+
+
+class _Guard:
+    """aiohttp's ``web.Server`` (a protocol factory) with its connections bounded: at most
+    :data:`MAX_CONNECTIONS` at once, each closed after :data:`IDLE_S` without a byte from its
+    client, :data:`LIFETIME_S` in all, or :data:`MAX_REQUEST_BYTES` received. Everything else is
+    the server's own (its shutdown closes the connections it was given)."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self.open: dict[_Guarded, None] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    def __call__(self) -> asyncio.Protocol:
+        return _Guarded(self, self._server())
+
+    def admit(self, connection: _Guarded) -> bool:
+        if len(self.open) >= MAX_CONNECTIONS:
+            return False
+        self.open[connection] = None
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
+        return True
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = time.monotonic()
+        for connection in list(self.open):
+            if now - connection.heard >= IDLE_S or now - connection.since >= LIFETIME_S:
+                connection.close()
+        if self.open:
+            self._sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection of a :class:`_Guard`: aiohttp's protocol for it, refused (closed at
+    once) when the guard is full, closed when it breaks a bound."""
+
+    def __init__(self, guard: _Guard, inner: Any) -> None:
+        self._guard = guard
+        self._inner = inner
+        self._transport: asyncio.Transport | None = None
+        self.since = self.heard = time.monotonic()
+        self.received = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass)
+        if not self._guard.admit(self):
+            self._transport.abort()
+            return
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self not in self._guard.open:
+            return
+        self.heard = time.monotonic()
+        self.received += len(data)
+        if self.received > MAX_REQUEST_BYTES:
+            self.close()
+            return
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self not in self._guard.open:
+            return None
+        return self._inner.eof_received()  # type: ignore[no-any-return]
+
+    def pause_writing(self) -> None:
+        if self in self._guard.open:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self in self._guard.open:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._guard.open.pop(self, 0) is None:  # (admitted: the protocol has it)
+            self._inner.connection_lost(exc)
+
+    def close(self) -> None:
+        """Close the connection now, whatever it was doing (its protocol is told)."""
+        if self._transport is not None:
+            self._transport.abort()

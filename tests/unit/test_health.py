@@ -1,0 +1,172 @@
+"""The operator port against clients that try to exhaust it (raw sockets on 127.0.0.1): its
+connections, their idleness, their bytes and the metrics rendering are bounded, and it goes on
+answering the clients within the bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+import uvloop
+from prometheus_client import CollectorRegistry, Counter
+
+from bridge.ops import health
+from bridge.ops.health import health_app, start_health_server
+
+Check = Callable[[int], Awaitable[None]]
+
+
+def serve(check: Check) -> None:
+    """Run ``check(port)`` against a running operator server, on asyncio's event loop and on
+    uvloop's (``bridge run``'s: its transports are not asyncio's classes)."""
+
+    async def main() -> None:
+        registry = CollectorRegistry()
+        Counter("bridge_example_total", "x", registry=registry).inc()
+        runner = await start_health_server(
+            health_app(registry, time.monotonic, lambda: {"ok": True}), "127.0.0.1", 0
+        )
+        try:
+            await asyncio.wait_for(check(runner.addresses[0][1]), 20)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    uvloop.run(main())
+
+
+async def healthz(port: int) -> bytes:
+    """One GET /healthz on a new connection: the status line."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return (await reader.readline()).strip()
+    finally:
+        writer.close()
+
+
+async def closed_by_server(reader: asyncio.StreamReader, within: float) -> bool:
+    """Whether the server ends the connection (EOF or reset) within ``within`` seconds."""
+    try:
+        async with asyncio.timeout(within):
+            while await reader.read(65536):
+                pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+def test_connections_past_the_limit_are_closed_at_once_and_the_rest_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(health, "MAX_CONNECTIONS", 8)
+
+    async def check(port: int) -> None:
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
+        await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_by_server(reader, 2.0), "the ninth is closed"
+        writer.close()
+        for _reader, each in idle[:2]:
+            each.close()
+        deadline = time.monotonic() + 5
+        while (answer := await healthz(port)) != b"HTTP/1.1 200 OK":
+            assert time.monotonic() < deadline, answer
+            await asyncio.sleep(0.05)
+        for _reader, each in idle[2:]:
+            each.close()
+
+    serve(check)
+
+
+def test_a_silent_connection_is_closed_after_the_idle_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "IDLE_S", 0.3)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        assert await closed_by_server(reader, 5.0)
+        assert 0.3 <= time.monotonic() - started < 2.5
+        writer.close()
+        assert await healthz(port) == b"HTTP/1.1 200 OK"
+
+    serve(check)
+
+
+def test_a_connection_past_its_lifetime_is_closed_however_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(health, "LIFETIME_S", 0.5)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        answers = 0
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            while time.monotonic() - started < 5:
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                await reader.readuntil(b"}")
+                answers += 1
+        assert answers > 1 and time.monotonic() - started < 2.5
+        writer.close()
+
+    serve(check)
+
+
+def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_stay_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pipelined requests that are never read (each answer rendered for nobody): the connection
+    is closed once it has sent MAX_REQUEST_BYTES, and /metrics was rendered once for them all."""
+    renders = []
+    real = health.generate_latest
+
+    def counted(registry: CollectorRegistry) -> bytes:
+        renders.append(1)
+        return real(registry)
+
+    monkeypatch.setattr(health, "generate_latest", counted)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        count = health.MAX_REQUEST_BYTES // len(request) + 100
+        writer.write(request * count)
+        assert await closed_by_server(reader, 5.0)
+        writer.close()
+        assert len(renders) <= 2, renders
+        assert await healthz(port) == b"HTTP/1.1 200 OK"
+
+    serve(check)
+
+
+def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    renders = []
+    real = health.generate_latest
+
+    def counted(registry: CollectorRegistry) -> bytes:
+        renders.append(time.monotonic())
+        return real(registry)
+
+    monkeypatch.setattr(health, "generate_latest", counted)
+    monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.2)
+
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        bodies = set()
+        while time.monotonic() - started < 0.9:
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            bodies.add(await reader.readexactly(length))
+            await asyncio.sleep(0.01)
+        writer.close()
+        assert any(b"bridge_example_total 1.0" in body for body in bodies)
+        assert 2 <= len(renders) <= 6, renders
+
+    serve(check)
