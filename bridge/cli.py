@@ -505,20 +505,26 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Fetch ``/status`` from a running bridge and print it: a table, or the JSON (``--json``)."""
-    import json
-
-    from bridge.ops.status import StatusError, fetch_status, render_status
+    from bridge.ops.status import (
+        StatusError,
+        fetch_status,
+        render_status,
+        status_json,
+        status_view,
+    )
 
     base = args.url or _status_base(args)
     try:
         body = fetch_status(base, args.timeout)
+        view = status_view(body)
+        text = status_json(body) if args.json else render_status(view)
     except StatusError as exc:
         raise CliError(
             str(exc),
             hint="is `bridge run` listening there? pass --url http://HOST:PORT "
             "(its metrics.host and metrics.port)",
         ) from None
-    print(json.dumps(body, indent=2) if args.json else render_status(body))
+    print(text)
     return EXIT_OK
 
 

@@ -11,6 +11,11 @@ callback repeat the same line many times a second: :class:`Summarise` passes the
 drops the repeats for :data:`SUMMARY_WINDOW_S`, and adds their count (``repeated``) to the next
 one after that. A failing webhook's ``delivery.failed`` and ``delivery.dead_lettered`` lines are
 summarised the same way, per webhook: the log grows with the webhooks failing, not the records.
+So is every line of a library's logger (aiohttp's server, asyncio...), by logger, level, message
+as written and exception type: a client sending malformed requests to the operator port as fast
+as it can writes one ``http.bad_request`` line per 10 s (no traceback, an excerpt of at most 200
+printable characters of what it sent), not one line with a traceback per request. The filter
+is on the handler, so every logger's records pass it.
 
 Lines are written by a thread of their own (:class:`BackgroundHandler`), never by the code that
 logs: stderr is a pipe, and a reader that falls behind or stops (a log collector that is slow,
@@ -32,6 +37,7 @@ import threading
 import time
 from typing import Any, Final
 
+from bridge.core.errors import clipped, printable
 from bridge.core.expiring import Expiring
 
 LIBRDKAFKA: Final = logging.getLogger("bridge.kafka.librdkafka")
@@ -49,6 +55,8 @@ QUEUE_LIMIT: Final = 10_000
 CLOSE_WAIT_S: Final = 2.0
 """How long closing waits for the lines still queued to be written (the reader may be gone)."""
 _NUMBERS: Final = re.compile(r"\d+")
+EXCERPT_LIMIT: Final = 200
+"""At most this many characters of what a client sent appear in a line about it."""
 
 
 class Summarise(logging.Filter):
@@ -58,7 +66,11 @@ class Summarise(logging.Filter):
     librdkafka's messages and :data:`SUMMARISED_EVENTS`; the event, level and webhook for
     :data:`PER_WEBHOOK_EVENTS`: a failing webhook writes one ``delivery.failed`` (and one
     ``delivery.dead_lettered``) per window, not one per record, however many records it fails.
-    Every delivery is still counted in the metrics and every dead letter is in its topic."""
+    Every delivery is still counted in the metrics and every dead letter is in its topic.
+    Every record of a library's logger (any but ``bridge`` and below: aiohttp, asyncio...) is
+    summarised too, by :func:`_foreign_kind`, and aiohttp's line about a client's malformed
+    request becomes a short ``http.bad_request`` (:func:`_as_bad_request`). It is a filter of
+    the handler, not of a logger: every logger's records pass it."""
 
     def __init__(self, window: float = SUMMARY_WINDOW_S) -> None:
         super().__init__()
@@ -70,12 +82,16 @@ class Summarise(logging.Filter):
         librdkafka = record.name == LIBRDKAFKA.name and bool(record.args)
         if librdkafka:
             _as_event(record)  # (its fields are read after: the summary line keeps them)
+        elif record.name.startswith("aiohttp.") and _client_error(record) is not None:
+            _as_bad_request(record)
         fields = getattr(record, "fields", {})
         event = record.getMessage()
         if event in PER_WEBHOOK_EVENTS:
             kind = f"{event} {record.levelno} {fields.get('webhook')}"  # warnings apart
         elif librdkafka or event in SUMMARISED_EVENTS:
             kind = _NUMBERS.sub("#", f"{record.name} {event} {sorted(fields.items())}")
+        elif not (record.name == "bridge" or record.name.startswith("bridge.")):
+            kind = _foreign_kind(record)
         else:
             return True
         now = time.monotonic()
@@ -92,6 +108,46 @@ class Summarise(logging.Filter):
         if dropped:
             record.fields = {**fields, "repeated": dropped}
         return True
+
+
+def _foreign_kind(record: logging.LogRecord) -> str:
+    """The kind of a library's record: its logger, level, message as written (before its
+    arguments, which may be a client's address or bytes: a client cannot make a kind of its
+    own), numbers aside, and the type of its exception."""
+    error = record.exc_info[1] if record.exc_info else None
+    named = (
+        type(error).__name__ if error is not None else getattr(record, "fields", {}).get("error")
+    )
+    return _NUMBERS.sub("#", f"{record.name} {record.levelno} {record.msg} {named}")
+
+
+def _client_error(record: logging.LogRecord) -> BaseException | None:
+    """The exception of an aiohttp record about a client's malformed request (aiohttp's
+    ``HttpProcessingError``: a bad request line, header or body framing), else None."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is None:
+        return None
+    from aiohttp.http_exceptions import HttpProcessingError  # (aiohttp is logging: loaded)
+
+    return error if isinstance(error, HttpProcessingError) else None
+
+
+def _as_bad_request(record: logging.LogRecord) -> None:
+    """aiohttp's ``Error handling request from %s`` with a client's malformed request as an
+    ``http.bad_request`` warning: the client's address, the error's type and at most
+    :data:`EXCERPT_LIMIT` characters of what aiohttp says of it (which quotes the client's
+    bytes), printable; no traceback (it is aiohttp's parser, the same every time)."""
+    error = _client_error(record)
+    client = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    message = str(getattr(error, "message", "") or error)
+    record.msg, record.args = "http.bad_request", ()
+    record.levelno, record.levelname = logging.WARNING, "WARNING"
+    record.fields = {
+        "client": printable(clipped(str(client), EXCERPT_LIMIT)),
+        "error": type(error).__name__,
+        "detail": clipped(printable(message[: EXCERPT_LIMIT * 2]), EXCERPT_LIMIT),
+    }
+    record.exc_info, record.exc_text = None, None
 
 
 def _as_event(record: logging.LogRecord) -> None:

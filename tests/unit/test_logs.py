@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,85 @@ def test_repeats_counted_from_several_threads_are_all_counted() -> None:
         worker.join()
     ((_end, (_passed, dropped)),) = summarise._kinds.values()
     assert dropped == threads * per_thread - 1  # every repeat but the first one passed
+
+
+# --- Every logger's lines pass the summary; a client's bad request is one short line ------------
+
+
+@pytest.fixture
+def configured(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """``configure`` the process's logging as ``bridge run`` does (restored after)."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    yield logs.configure
+    for handler in root.handlers:
+        handler.close()
+
+
+def _bad_request(client: str, sent: str) -> None:
+    """What aiohttp's server logs for a malformed request (``handle_error``)."""
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    error = BadHttpMessage(f"Transfer-Encoding can't be present with Content-Length:\n\n  {sent}")
+    logging.getLogger("aiohttp.server").exception(
+        "Error handling request from %s", client, exc_info=error
+    )
+
+
+def _written(capfd: pytest.CaptureFixture[str]) -> list[str]:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    return capfd.readouterr().err.splitlines()
+
+
+def test_a_flood_of_bad_requests_writes_a_few_lines_and_a_count(
+    configured: Callable[[str], None],
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """15,383 lines with a traceback each, 10.5 MB in 10 s, before: aiohttp's logger was not
+    summarised, only the bridge's Kafka and delivery events were."""
+    clock = [1000.0]
+    configured("json")
+    monkeypatch.setattr(logs.time, "monotonic", lambda: clock[0])
+    for n in range(10_000):
+        _bad_request(f"10.0.{n // 256}.{n % 256}", f"b'Transfer-Encoding: chunked{n}'")
+    clock[0] += logs.SUMMARY_WINDOW_S + 1
+    _bad_request("10.9.9.9", "b'Transfer-Encoding: chunked'")
+    written = [json.loads(line) for line in _written(capfd)]
+    assert len(written) == 2, written[:5]
+    assert "repeated" not in written[0] and written[1]["repeated"] == 9_999
+    assert written[1]["event"] == "http.bad_request" and written[1]["client"] == "10.9.9.9"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_bad_request_is_written_without_a_traceback_and_with_a_short_printable_excerpt(
+    fmt: str, configured: Callable[[str], None], capfd: pytest.CaptureFixture[str]
+) -> None:
+    configured(fmt)
+    _bad_request("127.0.0.1", "b'" + "\x1b[2J\u202e" + "A" * 100_000 + "'")
+    (line,) = _written(capfd)
+    assert "Traceback" not in line and "web_protocol" not in line and "exception" not in line
+    assert line.isprintable() and "\x1b" not in line and len(line) < 600
+    assert "http.bad_request" in line and "BadHttpMessage" in line and "127.0.0.1" in line
+    if fmt == "json":
+        entry = json.loads(line)
+        assert entry["level"] == "warning" and len(entry["detail"]) <= logs.EXCERPT_LIMIT
+        assert "Transfer-Encoding" in entry["detail"]
+
+
+def test_a_library_error_with_a_traceback_keeps_it_and_is_summarised(
+    configured: Callable[[str], None],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Not a client's bad request (a handler's bug, say): its traceback is the clue, kept; its
+    repeats are summarised like any library's line."""
+    configured("json")
+    for n in range(100):
+        try:
+            raise KeyError(n)
+        except KeyError:
+            logging.getLogger("aiohttp.server").exception("Error handling request from %s", n)
+    (line,) = _written(capfd)
+    assert "KeyError" in json.loads(line)["exception"]

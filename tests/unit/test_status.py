@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from bridge.cli import main
 from bridge.core.settings import Config, DeliveryConfig
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine.budget import UNANSWERED_BURST, Lane
 from bridge.engine.pipeline import Pipeline
 from bridge.ops.health import health_app
 from bridge.ops.metrics import Metrics
-from bridge.ops.status import STATUS_LIMIT, render_status, status_url
+from bridge.ops.status import STATUS_LIMIT, render_status, status_url, status_view
 
 SECRET = b"hunter2-secret-of-the-webhook-0123456789"
 
@@ -199,7 +205,7 @@ def test_the_text_rendering_names_each_webhook_and_what_was_left_out() -> None:
         "config": {"path": "/etc/bridge.yaml", "webhooks": 10_000, "generation": 3,
                    "applied_at": 880.0, "in_force": False, "rejected_problems": 2},
     }  # fmt: skip
-    text = render_status(body)
+    text = render_status(status_view(body))
     lines = text.splitlines()
     assert lines[0].startswith("104 webhook(s) need attention (3 failing) of 10000 configured")
     assert "12/1000 deliveries in flight" in lines[0] and "1/21 partitions paused" in lines[0]
@@ -212,7 +218,7 @@ def test_the_text_rendering_names_each_webhook_and_what_was_left_out() -> None:
     assert lines[5].split() == ["busy", "busy", "-", "7", "32", "0", "100"]
     assert lines[6].split() == ["gone", "failing", "15m00s", "-", "-", "-", "-"]
     assert lines[7] == "... and 100 more not listed (the list is capped)"
-    quiet = render_status({"webhooks": [], "totals": {}, "time": 0.0})
+    quiet = render_status(status_view({"webhooks": [], "totals": {}, "time": 0.0}))
     assert "no webhook failing, stalled or busy" in quiet
 
 
@@ -228,3 +234,159 @@ def test_status_urls() -> None:
         assert "http" in str(exc)
     else:
         raise AssertionError("a file URL was accepted")
+
+
+# --- `bridge status` against an operator port that answers badly ---------------------------------
+
+ESC = "\x1b"
+
+
+def _answer(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+def _json(body: object) -> Callable[[socket.socket], None]:
+    return lambda conn: conn.sendall(_answer(json.dumps(body).encode()))
+
+
+def _redirect(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: ftp://127.0.0.1:1/status\r\n\r\n")
+
+
+def _many_headers(conn: socket.socket) -> None:
+    fields = b"".join(b"X-%d: y\r\n" % n for n in range(200))
+    conn.sendall(b"HTTP/1.1 200 OK\r\n" + fields + b"Content-Length: 2\r\n\r\n{}")
+
+
+def _nested(conn: socket.socket) -> None:
+    conn.sendall(_answer(b'{"webhooks": [], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
+
+
+def _endless(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + b'{"webhooks": [], "pad": "')
+    chunk = b"a" * 2**20
+    for _ in range(64):  # 64 MiB, four times the cap (the client closes long before)
+        conn.sendall(chunk)
+
+
+def _trickle(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+    for byte in b'{"webhooks": []' + b" " * 100 + b"}":
+        conn.sendall(bytes([byte]))
+        time.sleep(0.2)
+
+
+@contextmanager
+def _raw_server(answer: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A server on 127.0.0.1 that reads a request and sends ``answer`` (raw bytes, as a hostile
+    or broken operator port would): its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                answer(conn)
+            except OSError:
+                pass  # the client gave up, as it should
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def _printable(text: str) -> bool:
+    return all(line.isprintable() for line in text.splitlines())
+
+
+HOSTILE_ANSWERS = {
+    "totals a list": _json({"webhooks": [], "totals": []}),
+    "a row not an object": _json({"webhooks": [1, 2]}),
+    "credit a string": _json({"webhooks": [{"id": "a", "credit": "x"}]}),
+    "failing_since a string": _json({"webhooks": [{"id": "a", "failing_since": "yesterday"}]}),
+    "time -1e308": _json({"webhooks": [{"id": "a", "failing_since": 1e308}], "time": -1e308}),
+    "an id not a string": _json({"webhooks": [{"id": ["a"]}]}),
+    "a count negative": _json({"webhooks": [], "left_out": -1}),
+    "a control character in a wrong value": _json({"webhooks": [], "time": ESC + "[2J"}),
+    "JSON nested 100,000 deep": _nested,
+    "more than 100 headers": _many_headers,
+    "a redirect to ftp://": _redirect,
+    "an answer past 16 MiB": _endless,
+}
+
+
+@pytest.mark.parametrize("answer", HOSTILE_ANSWERS.values(), ids=HOSTILE_ANSWERS.keys())
+def test_status_of_a_hostile_answer_is_one_error_line_and_exit_1(
+    answer: Callable[[socket.socket], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _raw_server(answer) as url:
+        assert main(["status", "--url", url, "--timeout", "5"]) == 1
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and "Traceback" not in err
+    assert len(lines) in (1, 2) and lines[0].startswith("error: "), err
+    assert lines[1:] == [] or lines[1].startswith("hint: ")
+    assert _printable(err) and ESC not in err
+
+
+def test_a_redirect_is_not_followed_and_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with _raw_server(_redirect) as url:
+        assert main(["status", "--url", url]) == 1
+    assert "HTTP 302" in capsys.readouterr().err
+
+
+def test_an_answer_past_the_cap_is_refused_saying_the_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _raw_server(_endless) as url:
+        assert main(["status", "--url", url]) == 1
+    assert "16 MiB" in capsys.readouterr().err
+
+
+def test_the_timeout_bounds_the_whole_request_of_a_trickling_server(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every read brings a byte within the timeout: urllib's timeout, per read, never fired."""
+    with _raw_server(_trickle) as url:
+        started = time.monotonic()
+        assert main(["status", "--url", url, "--timeout", "1"]) == 1
+        took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert took < 1 + 1, f"--timeout 1 took {took:.1f} s"
+    assert err.startswith("error: ") and "within 1 s" in err
+
+
+def test_ids_and_the_path_of_the_answer_write_no_control_sequence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body = {
+        "webhooks": [{"id": ESC + "]0;pwned\x07" + ESC + "[2J" + ESC + "[31mFAKE-OK", "active": 1}],
+        "config": {"path": "/etc/x" + ESC + "[1A" + ESC + "[2K\rconfig: all good"},
+        "totals": {},
+    }
+    with _raw_server(_json(body)) as url:
+        assert main(["status", "--url", url]) == 0
+        table = capsys.readouterr().out
+        assert main(["status", "--url", url, "--json"]) == 0
+        raw = capsys.readouterr().out
+    for shown in (table, raw):
+        assert ESC not in shown and "\r" not in shown and "\x07" not in shown
+        assert _printable(shown)
+    assert "\\x1b[31mFAKE-OK" in table and "/etc/x\\x1b[1A" in table
+    assert json.loads(raw) == body
