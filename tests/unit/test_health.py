@@ -133,6 +133,7 @@ def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_s
 
     async def check(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        renders.clear()  # (each event loop's run on its own)
         request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
         count = health.MAX_REQUEST_BYTES // len(request) + 100
         writer.write(request * count)
@@ -156,6 +157,7 @@ def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.Monk
     monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.2)
 
     async def check(port: int) -> None:
+        renders.clear()  # (each event loop's run on its own)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         started = time.monotonic()
         bodies = set()
