@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from bridge.codec.encoding import load_schema_file
 from bridge.config.loader import load_config
 from bridge.kafka.topics import apply_plan, plan_topics
+from bridge.ops.health import RENDERED_HEADER
 from devtools.devkafka import free_port
 from devtools.samples import encode_records
 from tests.kafka_helpers import QUIET, consume, produce, unique_name, wait_for
@@ -192,13 +193,23 @@ class BridgeProcess:
         return self.log_path.with_suffix(".yaml")
 
     def metrics(self) -> str:
-        """The /metrics text, or '' while the port is not up."""
-        self._check_alive()
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
-                return str(r.read().decode())
-        except OSError:
-            return ""
+        """The /metrics text read after this call began (the bridge renders it at most once a
+        second: an answer from before is asked again), or '' while the port is not up."""
+        asked = time.time()
+        deadline = time.monotonic() + 5
+        while True:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/metrics", timeout=2
+                ) as r:
+                    text = str(r.read().decode())
+                    rendered = float(r.headers.get(RENDERED_HEADER) or "inf")
+            except OSError:
+                return ""
+            if rendered >= asked - 0.002 or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
 
     def gauge(self, name: str, labels: str = "") -> float:
         """The value of one metric sample (sum over series when ``labels`` is empty)."""

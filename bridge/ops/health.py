@@ -44,6 +44,8 @@ LIFETIME_S: Final = 120.0
 MAX_REQUEST_BYTES: Final = 64 * 1024
 """The most bytes one connection may send (its requests' heads: a few hundred bytes each)."""
 METRICS_MAX_AGE_S: Final = 1.0
+RENDERED_HEADER: Final = "Bridge-Rendered-At"
+"""The header of a ``/metrics`` answer saying when its figures were read (Unix time, seconds)."""
 
 
 def health_app(
@@ -55,14 +57,17 @@ def health_app(
 ) -> web.Application:
     """The aiohttp application serving the endpoints (``/status`` only when ``status`` is given)."""
 
-    rendered_at, rendered = float("-inf"), b""
+    rendered_at, rendered, rendered_wall = float("-inf"), b"", ""
 
     async def metrics(_request: web.Request) -> web.Response:
-        nonlocal rendered_at, rendered
+        nonlocal rendered_at, rendered, rendered_wall
         now = time.monotonic()
         if now - rendered_at >= METRICS_MAX_AGE_S:
             rendered_at, rendered = now, generate_latest(registry)
-        return web.Response(body=rendered, headers={"Content-Type": CONTENT_TYPE_LATEST})
+            rendered_wall = f"{time.time():.3f}"
+        # (RENDERED_HEADER: when the figures were read, for a reader that needs them fresher)
+        headers = {"Content-Type": CONTENT_TYPE_LATEST, RENDERED_HEADER: rendered_wall}
+        return web.Response(body=rendered, headers=headers)
 
     async def healthz(_request: web.Request) -> web.Response:
         stalled = time.monotonic() - last_loop()

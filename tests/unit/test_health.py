@@ -172,3 +172,16 @@ def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.Monk
         assert 2 <= len(renders) <= 6, renders
 
     serve(check)
+
+
+def test_a_metrics_answer_says_when_its_figures_were_read() -> None:
+    async def check(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        before = time.time()
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+        writer.close()
+        rendered = float(head.split(f"{health.RENDERED_HEADER.lower()}: ")[1].split("\r\n")[0])
+        assert before - 0.002 <= rendered <= time.time() + 0.002
+
+    serve(check)
