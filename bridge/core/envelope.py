@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from bridge.core.errors import clipped
 from bridge.core.signing import message_id
 
 Headers = list[tuple[str, bytes]]
@@ -180,11 +181,6 @@ _MAX_WHOLE: Final = 2**63 - 1  # (Kafka's offsets and timestamps are signed 64-b
 _MAX_COUNT: Final = 2**31 - 1  # attempts and deferrals
 
 
-def _clip(text: str, limit: int = 40) -> str:
-    shown = text if len(text) <= limit else f"{text[: limit - 3]}..."
-    return repr(shown)
-
-
 def whole_number(
     values: dict[str, str], name: str, highest: int = _MAX_WHOLE, lowest: int = 0
 ) -> int:
@@ -197,7 +193,9 @@ def whole_number(
     except KeyError:
         raise EnvelopeError(f"header {name!r} is missing") from None
     if not (text.isascii() and text.isdigit() and len(text) <= len(str(highest))):
-        raise EnvelopeError(f"header {name!r} is not a whole number: {_clip(text)}") from None
+        raise EnvelopeError(
+            f"header {name!r} is not a whole number: {clipped(text, 40)!r}"
+        ) from None
     value = int(text)
     if not lowest <= value <= highest:
         raise EnvelopeError(f"header {name!r} is {value}, not from {lowest} to {highest}")

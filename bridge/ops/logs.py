@@ -82,8 +82,8 @@ class Summarise(logging.Filter):
         librdkafka = record.name == LIBRDKAFKA.name and bool(record.args)
         if librdkafka:
             _as_event(record)  # (its fields are read after: the summary line keeps them)
-        elif record.name.startswith("aiohttp.") and _client_error(record) is not None:
-            _as_bad_request(record)
+        elif record.name.startswith("aiohttp.") and (error := _client_error(record)):
+            _as_bad_request(record, error)
         fields = getattr(record, "fields", {})
         event = record.getMessage()
         if event in PER_WEBHOOK_EVENTS:
@@ -132,12 +132,11 @@ def _client_error(record: logging.LogRecord) -> BaseException | None:
     return error if isinstance(error, HttpProcessingError) else None
 
 
-def _as_bad_request(record: logging.LogRecord) -> None:
+def _as_bad_request(record: logging.LogRecord, error: BaseException) -> None:
     """aiohttp's ``Error handling request from %s`` with a client's malformed request as an
     ``http.bad_request`` warning: the client's address, the error's type and at most
     :data:`EXCERPT_LIMIT` characters of what aiohttp says of it (which quotes the client's
     bytes), printable; no traceback (it is aiohttp's parser, the same every time)."""
-    error = _client_error(record)
     client = record.args[0] if isinstance(record.args, tuple) and record.args else None
     message = str(getattr(error, "message", "") or error)
     record.msg, record.args = "http.bad_request", ()

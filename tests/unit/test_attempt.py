@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from bridge.core.envelope import PendingDelivery, SourceRef
+from bridge.core.retry import RetryPolicy
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine.attempt import (
     ATTEMPT_GRACE_S,
@@ -26,6 +27,17 @@ from bridge.engine.budget import UNANSWERED_BURST, Lanes
 from bridge.http.sender import DeliveryRequest, Outcome
 from bridge.ops.metrics import Metrics
 
+WEBHOOK = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
+DELIVERY = PendingDelivery(
+    webhook_id="shop",
+    message_id="msg_1",
+    event="transaction.failed",
+    transaction_id="tx-1",
+    body=b"{}",
+    attempt=0,
+    source=SourceRef("tx", 0, 1, 0),
+    key=b"tx-1",
+)
 REQUEST = DeliveryRequest("https://example.com/hook", {"x-service-secret": "s3cr3t-value"}, b"{}")
 
 
@@ -123,17 +135,7 @@ def test_cancellation_is_not_swallowed() -> None:
 def test_a_cancelled_delivery_frees_its_slot_without_judging_the_webhook() -> None:
     """A delivery cancelled mid-attempt (partitions revoked) frees its lane slot and spends none
     of the webhook's unanswered credit: cancelling says nothing about the receiver."""
-    webhook = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
-    delivery = PendingDelivery(
-        webhook_id="shop",
-        message_id="msg_1",
-        event="transaction.failed",
-        transaction_id="tx-1",
-        body=b"{}",
-        attempt=0,
-        source=SourceRef("tx", 0, 1, 0),
-        key=b"tx-1",
-    )
+    webhook, delivery = WEBHOOK, DELIVERY
 
     class Hanging:
         async def send(self, _request: DeliveryRequest, _timeout: float) -> Outcome:
@@ -331,18 +333,7 @@ def test_a_delivery_whose_ladder_fails_is_dead_lettered_so_its_commit_moves(
     """An attempt answered 500 whose next step fails unexpectedly (the ladder raising, or its
     rung refusing) is dead-lettered as ``internal_error`` and its record finished; only when
     even the dead letter cannot be written is it left unfinished (delivered again later)."""
-    from bridge.core.retry import RetryPolicy
-
-    webhook = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
-    delivery = PendingDelivery(
-        webhook_id="shop",
-        message_id="msg_1",
-        event="transaction.failed",
-        transaction_id="tx-1",
-        body=b"{}",
-        attempt=0,
-        source=SourceRef("tx", 0, 1, 0),
-    )
+    webhook, delivery = WEBHOOK, DELIVERY
 
     class Answers500:
         async def send(self, _request: DeliveryRequest, _timeout: float) -> Outcome:
