@@ -195,10 +195,10 @@ class BridgeProcess:
     def metrics(self) -> str:
         """The /metrics text read after this call began (the bridge renders it at most once a
         second: an answer from before is asked again), or '' while the port is not up."""
+        self._check_alive()  # (once: a replica may be killed while it is asked again)
         asked = time.time()
         deadline = time.monotonic() + 5
         while True:
-            self._check_alive()
             try:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.port}/metrics", timeout=2
