@@ -208,6 +208,53 @@ def check_writer_schema(parsed: object) -> None:
             answer = None
 
 
+class EnumSymbols(dict[int, str]):
+    """An enum's symbols in a parsed writer schema, by index, the way the Avro specification
+    allows: from 0 to the count less one. fastavro's compiled reader gives the index it read to
+    ``symbols[index]``; a Python list takes -1 as its last item, so a status written as -2 (one
+    bit away from FAILED's 1) read as SUCCEEDED. A dict is asked for the index as read (a list
+    subclass is handed it with the list's length already added), and finds a symbol in C."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, symbols: Iterable[str]) -> None:
+        super().__init__(enumerate(symbols))
+        self.name = name
+
+    def __missing__(self, index: object) -> str:
+        raise ValueRefused(
+            "corrupt",
+            f"enum {self.name} index {index}: not one of its {len(self)} symbols "
+            f"(0 to {len(self) - 1})",
+        )
+
+    def __repr__(self) -> str:
+        return repr(list(self.values()))
+
+
+def check_enum_indexes(parsed: object) -> None:
+    """Make every enum of a parsed writer schema (the tree and fastavro's ``__named_schemas``)
+    refuse an index outside its symbols (:class:`EnumSymbols`) instead of reading a negative one
+    from the end. One iterative walk over the schema's dicts and lists, each once."""
+    pending = [parsed]
+    seen: set[int] = set()
+    while pending:
+        schema = pending.pop()
+        if id(schema) in seen:
+            continue
+        seen.add(id(schema))
+        if isinstance(schema, list):
+            pending.extend(schema)
+        elif isinstance(schema, dict):
+            if schema.get("type") == "enum" and isinstance(schema.get("symbols"), list):
+                schema["symbols"] = EnumSymbols(str(schema.get("name")), schema["symbols"])
+            pending.extend(
+                value
+                for key, value in schema.items()
+                if key != "default" and isinstance(value, (dict, list))  # (a default is data)
+            )
+
+
 class SchemaFilesError(ValueError):
     """Schema files a decoder cannot be built from: ``problems`` names each file and says why."""
 
@@ -441,6 +488,7 @@ class Decoder:
         except UnsupportedWriterSchema as exc:
             detail = f"{origin}: {printable(_shorten(str(exc)))}"
             raise DecodeError("unsupported_writer_schema", detail, raw=raw) from exc
+        check_enum_indexes(parsed_writer)
         same_as_reader = _without_docs(writer_schema) == _without_docs(self._reader_schema)
         reader = None if same_as_reader else self._parsed_reader
         writer_name = parsed_writer.get("name") if isinstance(parsed_writer, dict) else None

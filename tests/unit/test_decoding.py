@@ -421,6 +421,85 @@ def test_the_last_millisecond_of_year_9999_still_decodes(
     assert plain_decoder.decode(encode_plain(reader_schema, record)) == record
 
 
+# --- Enums: an index is read from 0, never from the end ---------------------------------------
+
+
+def enums_as_ints(schema: Any) -> tuple[Any, dict[str, list[str]]]:
+    """The schema with each enum field an ``int`` (the same bytes on the wire: an enum is written
+    as the zig-zag int of its index), and each such field's symbols."""
+    as_ints = copy.deepcopy(schema)
+    symbols: dict[str, list[str]] = {}
+    for field in as_ints["fields"]:
+        if isinstance(field["type"], dict) and field["type"]["type"] == "enum":
+            symbols[field["name"]] = field["type"]["symbols"]
+            field["type"] = "int"
+    return as_ints, symbols
+
+
+@pytest.mark.parametrize("writer", ["the reader schema", "version 1 (resolved)"])
+def test_an_enum_index_outside_its_symbols_is_corrupt_not_read_from_the_end(
+    confluent_decoder: Decoder,
+    reader_schema: Any,
+    v1_schema: Any,
+    make_record: Factory,
+    writer: str,
+) -> None:
+    """fastavro reads ``symbols[index]``: a status written as -2 (one bit away from FAILED's 1)
+    was read as SUCCEEDED, -1 as FAILED. Every index of every enum of the schema, a few past
+    each end and the extremes of an int: within the symbols it reads as its symbol, outside
+    it is ``corrupt`` naming the enum and the index."""
+    schema, schema_id = (reader_schema, 1) if writer == "the reader schema" else (v1_schema, 2)
+    as_ints, enums = enums_as_ints(schema)
+    assert set(enums) == {"status", "method"}
+    record = make_record()
+    if schema is v1_schema:
+        del record["merchantReference"]
+    record.update({field: symbols.index(record[field]) for field, symbols in enums.items()})
+    for field, symbols in enums.items():
+        count = len(symbols)
+        for index in [*range(-count - 2, count + 2), 2**31 - 1, -(2**31)]:
+            value = encode_confluent(schema_id, as_ints, {**record, field: index})
+            if 0 <= index < count:
+                assert confluent_decoder.decode(value)[field] == symbols[index]
+                continue
+            error = assert_decode_error(confluent_decoder, value, "corrupt")
+            name = "payments.transactions." + (
+                "TransactionStatus" if field == "status" else "PaymentMethod"
+            )
+            assert f"enum {name} index {index}: not one of its {count} symbols" in error.detail
+
+
+def test_enum_indexes_are_checked_in_every_enum_of_a_writer_schema() -> None:
+    """Nested, referred to by name, inside a union, an array and a map: each is checked."""
+    status = {"type": "enum", "name": "Status", "symbols": ["A", "B"]}
+    schema = {
+        "type": "record",
+        "name": "Outer",
+        "fields": [
+            {"name": "first", "type": status},
+            {"name": "again", "type": "Status"},
+            {"name": "maybe", "type": ["null", "Status"]},
+            {"name": "many", "type": {"type": "array", "items": "Status"}},
+            {"name": "keyed", "type": {"type": "map", "values": "Status"}},
+        ],
+    }
+    decoder = Decoder(schema)
+    # (each field's bytes: an index 1 of a union, a block of one item or one key "k", then 0)
+    good = [b"\x00", b"\x02", b"\x02\x00", b"\x02\x00\x00", b"\x02\x02k\x02\x00"]
+    bad = [b"\x03", b"\x03", b"\x02\x03", b"\x02\x03\x00", b"\x02\x02k\x03\x00"]
+    assert decoder.decode(b"".join(good)) == {
+        "first": "A",
+        "again": "B",
+        "maybe": "A",
+        "many": ["A"],
+        "keyed": {"k": "B"},
+    }
+    for place in range(len(good)):
+        value = b"".join([*good[:place], bad[place], *good[place + 1 :]])
+        error = assert_decode_error(decoder, value, "corrupt")
+        assert "enum Status index -2" in error.detail, place
+
+
 def test_a_confluent_record_read_without_a_registry_says_which_framing_it_looks_like(
     plain_decoder: Decoder, reader_schema: Any, make_record: Factory
 ) -> None:
