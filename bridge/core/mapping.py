@@ -7,6 +7,7 @@ is faster than ``json.dumps`` of a dict and keeps money exact (Decimal text, nev
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +24,8 @@ PAYMENT_METHODS = frozenset({"MOBILE_MONEY", "WALLET", "CARD"})
 WAVE_PROVIDER = "wave"
 
 _STATE_DATA_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_JSON_SPACE_OUTSIDE_STRINGS = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
+"""A JSON string (kept: group 1) or a run of JSON's whitespace between tokens (removed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +212,12 @@ def _state_data(record: Mapping[str, Any], transaction_id: str, raw: bytes | Non
         try:
             state = json.loads(text)
             if isinstance(state, dict):
-                compact = _STATE_DATA_ENCODER.encode(state)
-                compact.encode("utf-8")  # a "\ud800" escape parses to text UTF-8 cannot carry
-                return compact
+                # Encoded again only to be checked: an infinity (1e999), or a "\ud800" escape
+                # that parses to text UTF-8 cannot carry. The text sent is the record's own,
+                # whitespace between tokens removed: a number re-encoded from a float would not
+                # be the one written (12345678901234567.89 became 1.2345678901234568e+16).
+                _STATE_DATA_ENCODER.encode(state).encode("utf-8")
+                return _JSON_SPACE_OUTSIDE_STRINGS.sub(r"\1", text)
             problem = f"is JSON but not an object: {text[:80]!r}"
         except (ValueError, RecursionError) as exc:
             problem = f"is not a usable JSON object ({exc})"

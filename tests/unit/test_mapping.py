@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -263,6 +264,82 @@ def test_negative_money_is_refused(make_record: Factory, name: str) -> None:
 @pytest.mark.parametrize("value", [Decimal("NaN"), Decimal("Infinity"), 0.3, 1, "1.0"])
 def test_money_that_is_not_a_finite_decimal_is_refused(make_record: Factory, value: Any) -> None:
     assert_refused(make_record(amount=value), "invalid_field", "amount")
+
+
+def state_data_text(body: bytes) -> str:
+    """The text of the body's stateData object, as sent (the body ends with it and the event)."""
+    text = body.decode("utf-8")
+    start = text.index(',"stateData":') + len(',"stateData":')
+    return text[start : text.rindex(',"event":')]
+
+
+@pytest.mark.parametrize(
+    ("written", "sent"),
+    [
+        ('{"amount": 12345678901234567.89}', '{"amount":12345678901234567.89}'),
+        ('{ "x" : 1.10 , "y":[1E2, -0.0, 1e-7] }', '{"x":1.10,"y":[1E2,-0.0,1e-7]}'),
+        ('{"n": 123456789012345678901234567890}', '{"n":123456789012345678901234567890}'),
+        (
+            '{\n\t"s": "a b\\" \\u00e9\\n \\\\",\r\n "t": "\u00e9"}',
+            '{"s":"a b\\" \\u00e9\\n \\\\","t":"\u00e9"}',
+        ),
+        ('{"z": 1, "a": 2}', '{"z":1,"a":2}'),
+        ('{"a": 1, "a": 2}', '{"a":1,"a":2}'),
+        (" { } ", "{}"),
+    ],
+    ids=["big decimal", "number forms", "big int", "escapes", "key order", "key twice", "empty"],
+)
+def test_state_data_is_sent_as_written_without_whitespace_between_tokens(
+    make_record: Factory, written: str, sent: str
+) -> None:
+    """Parsed and encoded again, 12345678901234567.89 was sent as 1.2345678901234568e+16, 1.10
+    as 1.1 and 1E2 as 100.0: the account holder read numbers nobody wrote."""
+    assert state_data_text(to_notification(make_record(stateData=written)).body) == sent
+
+
+json_numbers = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.decimals(allow_nan=False, allow_infinity=False).map(str),  # 1E+2, 0E-8, -0...
+    st.from_regex(r"-?(0|[1-9][0-9]{0,20})(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,2})?", fullmatch=True),
+)
+json_space = st.text(alphabet=" \t\n\r", max_size=3)
+
+
+@st.composite
+def json_object_texts(draw: st.DrawFn) -> str:
+    """A JSON object as someone may write it: numbers in every form, whitespace anywhere."""
+    items = []
+    for _ in range(draw(st.integers(0, 4))):
+        key = json.dumps(draw(texts), ensure_ascii=draw(st.booleans()))
+        value = draw(st.one_of(json_numbers, texts.map(json.dumps)))
+        pad = [draw(json_space) for _ in range(4)]
+        items.append(f"{pad[0]}{key}{pad[1]}:{pad[2]}{value}{pad[3]}")
+    return "{" + ",".join(items) + draw(json_space) + "}"
+
+
+def _tokens(text: str) -> Any:
+    """The object with every number kept as the text written."""
+    return json.loads(text, parse_float=str, parse_int=str, object_pairs_hook=list)
+
+
+@given(json_object_texts())
+def test_state_data_keeps_every_token_and_drops_only_whitespace(written: str) -> None:
+    try:
+        sent = state_data_text(to_notification(golden_record({"stateData": written})).body)
+    except MappingError as exc:
+        assert exc.reason == "invalid_state_data"
+        assert any(float(number) in (float("inf"), float("-inf")) for number in _numbers(written))
+        return
+    assert _tokens(sent) == _tokens(written)
+    assert len(sent) == len(written) - sum(
+        len(space) for space in re.findall(r'"(?:[^"\\]|\\.)*"|([ \t\n\r]+)', written)
+    )
+
+
+def _numbers(text: str) -> list[str]:
+    found: list[str] = []
+    json.loads(text, parse_float=lambda number: found.append(number) or 0.0)
+    return found
 
 
 @pytest.mark.parametrize(
