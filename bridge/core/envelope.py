@@ -40,6 +40,7 @@ H_DETAIL = "bridge-detail"
 H_ATTEMPTS = "bridge-attempts"
 H_DEAD_LETTERED = "bridge-dead-lettered-ms"
 H_ALSO = "bridge-also-webhooks"
+H_VALUE_DROPPED = "bridge-value-dropped-bytes"  # a dead letter whose value was too large to keep
 
 KIND_DELIVERY = "delivery"
 KIND_POISON = "poison"

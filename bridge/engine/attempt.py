@@ -290,8 +290,8 @@ class Deliverer:
             "delivery.failed",
             extra={"fields": {**_fields(delivery, outcome), "next": f"retry {step.attempt}"}},
         )
-        await self.recovery.delay(retry, step.topic)
-        metrics.retries.labels(webhook.id, str(step.attempt)).inc()
+        if await self.recovery.delay(retry, step.topic):
+            metrics.retries.labels(webhook.id, str(step.attempt)).inc()
 
 
 def _ids(delivery: PendingDelivery) -> dict[str, Any]:

@@ -4,8 +4,9 @@
 (also when it is cancelled before it ever ran), and says how many more the consume loop may
 start. :class:`Dispatcher` starts the deliveries of one record: each to its webhook's lane;
 those whose webhook refuses work now (stalled, or its unanswered credit spent) parked together
-in one record of the parking topic; those whose webhook is gone dead-lettered. A record is
-finished when each of these has settled (:class:`bridge.engine.partition.RecordWork`).
+in one record of the parking topic (:data:`PARK_GROUP` webhooks at most); those whose webhook is
+gone dead-lettered. A record is finished when each of these has settled
+(:class:`bridge.engine.partition.RecordWork`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ log = logging.getLogger("bridge.engine.pipeline")  # the logger ``record.crashed
 
 RESUME_FRACTION = 0.75
 BACKPRESSURE_WAIT_S = 0.25
+PARK_GROUP = 256
+"""The most webhooks parked in one parking record: their ids ride in one header (at most 65
+bytes each: 16.6 KB), which must leave the body room under the topic's record size."""
 
 Deliver = Callable[[PendingDelivery, Webhook, RecordWork], Coroutine[Any, Any, None]]
 
@@ -111,8 +115,8 @@ class Dispatcher:
     ) -> None:
         """Start the deliveries of one record (all of one event, at one attempt) to the
         ``wanted`` webhooks. Those whose webhook refuses work now (stalled, or its unanswered
-        credit spent) are parked together, in one record; the webhooks ``gone`` (id, reason)
-        are dead-lettered.
+        credit spent) are parked together, :data:`PARK_GROUP` to a record; the webhooks ``gone``
+        (id, reason) are dead-lettered.
 
         ``record`` is the record's delivery to any one webhook: each delivery is made from it
         only when it is started or written (:meth:`PendingDelivery.to`), so a record parked for
@@ -125,14 +129,17 @@ class Dispatcher:
                 refused.append(webhook.id)
             else:
                 go.append(webhook)
-        work = RecordWork(partition, offset, len(go) + len(gone) + (1 if refused else 0))
+        parks = [
+            refused[start : start + PARK_GROUP] for start in range(0, len(refused), PARK_GROUP)
+        ]
+        work = RecordWork(partition, offset, len(go) + len(gone) + len(parks))
         for webhook in go:  # counted in flight until its task is done
             self._counted(partition, self.deliver(record.to(webhook.id), webhook, work))
         for webhook_id, reason in gone:
             dead = self.recovery.dead_letter(record.to(webhook_id), reason)
             partition.spawn(settled(work, dead))
-        if refused:  # counted in flight like a delivery: it holds a body until the broker has it
-            park = self.recovery.park(record.to(refused[0]), tuple(refused[1:]))
+        for group in parks:  # counted in flight like a delivery: a body until the broker has it
+            park = self.recovery.park(record.to(group[0]), tuple(group[1:]))
             self._counted(partition, settled(work, park))
 
     def settle(

@@ -3,7 +3,12 @@ parking topic, or the dead letters.
 
 Every write is tried again until the broker acknowledges it (:meth:`Recovery.produce`): a delivery
 or a record is finished only once it was received or durably handed over, so a broker that
-refuses writes holds up the commit instead of losing anything.
+refuses writes holds up the commit instead of losing anything. The one refusal no retry changes
+is a record too large for the client or the topic (:class:`RecordTooLargeError`): tried again,
+it held its partition's commit for good. A delivery too large to wait in a delay topic is
+dead-lettered at once (``too_large``); a dead letter too large to keep its value is written
+without it, saying how large it was (``bridge-value-dropped-bytes``) beside the source record's
+topic, partition and offset, where it still is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from dataclasses import replace
 from confluent_kafka import Message
 
 from bridge.core.envelope import (
+    H_SOURCE_OFFSET,
+    H_SOURCE_PARTITION,
+    H_SOURCE_TOPIC,
+    H_VALUE_DROPPED,
+    Headers,
     PendingDelivery,
     SourceRef,
     dead_letter_headers,
@@ -24,13 +34,20 @@ from bridge.core.envelope import (
 from bridge.core.errors import BridgeError
 from bridge.core.retry import GiveUp, RetryPolicy
 from bridge.engine.clock import now_ms, now_ms_rounded_up
-from bridge.kafka.producer import DurableProducer, ProduceError, ProducerFailedError
+from bridge.kafka.producer import (
+    DurableProducer,
+    ProduceError,
+    ProducerFailedError,
+    RecordTooLargeError,
+)
 from bridge.ops.metrics import Metrics
 
 # The engine's delivery and record events keep the logger name they have always had.
 log = logging.getLogger("bridge.engine.pipeline")
 
 PRODUCE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+TOO_LARGE = "too_large"
+"""The dead-letter reason of a delivery too large for the bridge's delay topics."""
 
 
 class Recovery:
@@ -48,9 +65,17 @@ class Recovery:
         self.metrics = metrics
         self.dead_letter_topic = dead_letter_topic
 
-    async def delay(self, delivery: PendingDelivery, topic: str) -> None:
-        """Write a delivery to a delay topic (a rung of the ladder, or the parking topic)."""
-        await self.produce(topic, delivery.body, delivery.key, delay_headers(delivery), "retry")
+    async def delay(self, delivery: PendingDelivery, topic: str) -> bool:
+        """Write a delivery to a delay topic (a rung of the ladder, or the parking topic): True.
+        One too large for it is dead-lettered instead (``too_large``), each of its webhooks:
+        False."""
+        try:
+            await self.produce(topic, delivery.body, delivery.key, delay_headers(delivery), "retry")
+        except RecordTooLargeError:
+            for webhook_id in (delivery.webhook_id, *delivery.also):
+                await self.dead_letter(delivery.to(webhook_id), TOO_LARGE)
+            return False
+        return True
 
     async def park(self, delivery: PendingDelivery, also: tuple[str, ...] = ()) -> None:
         """Park ``delivery``, and the deliveries of its record to the webhooks ``also`` (one
@@ -63,7 +88,8 @@ class Recovery:
                 await self.dead_letter(stalled, "webhook_stalled", step.attempts_made)
             return
         parked = replace(delivery, due_ms=step.due_ms, deferrals=delivery.deferrals + 1, also=also)
-        await self.delay(parked, step.topic)
+        if not await self.delay(parked, step.topic):
+            return
         deferrals = self.metrics.deferrals
         for webhook_id in (delivery.webhook_id, *also):
             deferrals.labels(webhook_id).inc()
@@ -78,9 +104,7 @@ class Recovery:
         """Write a delivery to the dead letters, saying why and after how many requests."""
         made = delivery.attempt if attempts is None else attempts  # requests made so far
         headers = dead_letter_headers(delivery, reason, made, now_ms())
-        await self.produce(
-            self.dead_letter_topic, delivery.body, delivery.key, headers, "dead_letter"
-        )
+        await self.produce_letter(delivery.body, delivery.key, headers)
         self.metrics.dead_letters.labels(delivery.webhook_id, reason).inc()
         log.warning(
             "delivery.dead_lettered",
@@ -98,7 +122,7 @@ class Recovery:
     async def dead_letter_poison(self, msg: Message, source: SourceRef, error: BridgeError) -> None:
         """Write a record that can never be delivered to the dead letters, whole."""
         headers = poison_headers(source, error.reason, error.detail, now_ms())
-        await self.produce(self.dead_letter_topic, msg.value(), msg.key(), headers, "dead_letter")
+        await self.produce_letter(msg.value(), msg.key(), headers)
         self.metrics.dead_letters.labels("", error.reason).inc()
         log.warning(
             "record.dead_lettered",
@@ -113,6 +137,21 @@ class Recovery:
             },
         )
 
+    async def produce_letter(
+        self, value: bytes | None, key: bytes | None, headers: Headers
+    ) -> None:
+        """Write a dead letter; if its value is too large to be kept, without it."""
+        try:
+            await self.produce(self.dead_letter_topic, value, key, headers, "dead_letter")
+        except RecordTooLargeError as exc:
+            size = len(value or b"")
+            log.warning(
+                "dead_letter.value_dropped",
+                extra={"fields": {"bytes": size, "error": _short(exc), **_source_of(headers)}},
+            )
+            dropped = [*headers, (H_VALUE_DROPPED, str(size).encode())]
+            await self.produce(self.dead_letter_topic, None, key, dropped, "dead_letter")
+
     async def produce(
         self,
         topic: str,
@@ -121,12 +160,16 @@ class Recovery:
         headers: list[tuple[str, bytes]],
         kind: str,
     ) -> None:
-        """Write to a bridge topic, trying again until the broker acknowledges it."""
+        """Write to a bridge topic, trying again until the broker acknowledges it; a record
+        too large for the client or the topic raises :class:`RecordTooLargeError` at once."""
         failures = 0
         while True:
             try:
                 await self.producer.send(topic, value, key, headers)
                 return
+            except RecordTooLargeError:
+                self.metrics.produce_failures.labels(kind).inc()
+                raise
             except ProducerFailedError:
                 # The producer can never write again and the bridge is ending (logged once as
                 # kafka.producer_failed): wait to be cancelled, without a warning per try.
@@ -140,6 +183,18 @@ class Recovery:
                     extra={"fields": {"topic": topic, "error": _short(exc), "retry_in_s": delay}},
                 )
                 await asyncio.sleep(delay)
+
+
+def _source_of(headers: Headers) -> dict[str, str]:
+    """The source record's topic, partition and offset named in a dead letter's headers."""
+    named = {
+        H_SOURCE_TOPIC: "source_topic",
+        H_SOURCE_PARTITION: "source_partition",
+        H_SOURCE_OFFSET: "source_offset",
+    }
+    return {
+        named[name]: value.decode("utf-8", "replace") for name, value in headers if name in named
+    }
 
 
 def _short(exc: Exception) -> str:

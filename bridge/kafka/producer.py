@@ -39,6 +39,19 @@ class ProducerFailedError(ProduceError):
         super().__init__(f"the producer failed for good: {error.str()}")
 
 
+class RecordTooLargeError(ProduceError):
+    """The record is larger than the client (``message.max.bytes``) or the topic
+    (``max.message.bytes``) takes: writing it again cannot succeed, so it is not tried again."""
+
+
+def _refusal(error: KafkaError) -> ProduceError:
+    """The error a refused write raises: :class:`RecordTooLargeError` for the size, which no
+    retry changes; :class:`ProduceError` (try again) for anything else."""
+    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordTooLargeError(str(error))
+    return ProduceError(str(error))
+
+
 SETTLE_BATCH = 50
 
 
@@ -147,7 +160,7 @@ class DurableProducer:
                 error = exc.args[0]
                 if self.fatal is not None or error.code() == KafkaError._FATAL:
                     raise ProducerFailedError(self.fatal or error) from exc
-                raise ProduceError(str(exc)) from exc
+                raise _refusal(error) from exc
         try:
             await future
         except ProduceError:
@@ -178,6 +191,6 @@ def _settle_all(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -
         if err is None:
             future.set_result(None)
         else:
-            future.set_exception(ProduceError(str(err)))
+            future.set_exception(_refusal(err))
     if len(reports) > SETTLE_BATCH:
         asyncio.get_running_loop().call_soon(_settle_all, reports[SETTLE_BATCH:])

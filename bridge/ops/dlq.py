@@ -22,6 +22,10 @@ from bridge.core.envelope import (
     H_LAST_ERROR,
     H_LAST_STATUS,
     H_REASON,
+    H_SOURCE_OFFSET,
+    H_SOURCE_PARTITION,
+    H_SOURCE_TOPIC,
+    H_VALUE_DROPPED,
     H_WEBHOOK,
     KIND_POISON,
     EnvelopeError,
@@ -65,6 +69,21 @@ class DeadLetter:
         except EnvelopeError:
             return None
 
+    def value_dropped(self) -> str | None:
+        """Why this letter cannot be replayed, when its value was too large to be kept (the
+        bridge wrote it without): where the source record is; else None."""
+        size = self.headers.get(H_VALUE_DROPPED)
+        if size is None:
+            return None
+        where = "/".join(
+            self.headers.get(name, "?")
+            for name in (H_SOURCE_TOPIC, H_SOURCE_PARTITION, H_SOURCE_OFFSET)
+        )
+        return (
+            f"its value ({size} bytes) was too large to be kept; the source record is at {where} "
+            "(topic/partition/offset)"
+        )
+
     def row(self, now_ms: int) -> list[str]:
         """The columns of ``dlq list``: where, kind, webhook, reason, attempts, last, age."""
         when = self.dead_lettered_ms
@@ -74,7 +93,7 @@ class DeadLetter:
             f"{self.partition}/{self.offset}",
             self.kind,
             self.webhook or "-",
-            self.reason,
+            self.reason + (" (value not kept)" if H_VALUE_DROPPED in self.headers else ""),
             self.headers.get(H_ATTEMPTS, "-"),
             (last or "-")[:40],
             age,
@@ -176,6 +195,9 @@ def replay(
     first_rung = config.delay_topics[0] if config.delay_topics else config.topics.source
 
     def reinject(letter: DeadLetter) -> None:
+        dropped = letter.value_dropped()
+        if dropped is not None:
+            raise EnvelopeError(dropped)
         if letter.kind == KIND_POISON:
             producer.produce(
                 config.topics.source, value=letter.value, key=letter.key, on_delivery=on_delivery

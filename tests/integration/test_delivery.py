@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 import trustme
+from confluent_kafka import Producer
 
 from bridge.core.envelope import header_map
+from bridge.core.mapping import EVENTS
 from bridge.core.signing import message_id
 from bridge.engine.budget import UNANSWERED_BURST, UNANSWERED_PER_S
-from devtools.samples import make_record
-from tests.bridge_harness import BridgeSetup, secret_of, webhook
-from tests.kafka_helpers import consume, wait_for
+from devtools.samples import encode_records, make_record
+from tests.bridge_harness import SCHEMA, BridgeSetup, secret_of, webhook
+from tests.kafka_helpers import QUIET, committed_offsets, consume, wait_for
 from tests.ledger import DeadLetterReader
 from tests.receiver import Answer, Receiver, always, fail_first
 
@@ -149,6 +151,48 @@ def test_poison_records_are_dead_lettered_between_good_ones(
     assert by_value[b"\x02garbage"]["bridge-reason"] in {"truncated", "corrupt", "trailing_bytes"}
     assert by_value[b"\x02garbage"]["bridge-detail"]
     assert bridge.process is not None and bridge.process.poll() is None, "the bridge never crashes"
+
+
+def test_records_too_large_for_the_bridge_topics_are_dead_lettered_without_their_value(
+    receiver: Receiver, bridge_setup: Setup
+) -> None:
+    """An upstream may write records the bridge's own producer cannot (over its 1,000,000-byte
+    ``message.max.bytes``, under the broker's 1 MiB and the bridge's ``max_record_bytes``).
+    Such a write was tried again for ever: the record never finished and its partition's commit
+    stood still for good. Now a delivery too large to wait on a rung is dead-lettered at once
+    (``too_large``) and a dead letter too large to keep its value is written without it; the
+    record after them is delivered and the commit reaches the end."""
+    receiver.behaviours["/hook"] = fail_first(1)
+    setup = bridge_setup([webhook("hook", "acct_1", receiver.url("/hook"))], partitions=1)
+    bridge = setup.start_bridge()
+    large = make_record("tx-large", "acct_1", label="x" * 1_005_000)
+    poison = b"\x02" + b"\xff" * 1_005_000
+    upstream = Producer(
+        {"bootstrap.servers": setup.bootstrap, "message.max.bytes": 2_000_000, **QUIET}
+    )
+    for value in [*encode_records(SCHEMA, [large]), poison]:
+        upstream.produce(setup.source, value=value)
+    assert upstream.flush(30) == 0
+    setup.produce_records([make_record("tx-after", "acct_1")])
+
+    letters = {header_map(m.headers())["bridge-source-offset"]: m for m in setup.dead_letters(2)}
+    wait_for(lambda: receiver.received_ids("/hook"), 30, message="the record after them")
+    assert sorted(letters) == ["0", "1"]
+    delivery, record = (header_map(letters[offset].headers()) for offset in ("0", "1"))
+    assert (delivery["bridge-kind"], delivery["bridge-reason"]) == ("delivery", "too_large")
+    assert int(delivery["bridge-value-dropped-bytes"]) > 1_005_000
+    assert record["bridge-kind"] == "poison"
+    assert record["bridge-value-dropped-bytes"] == str(len(poison))
+    assert all(letter.value() is None for letter in letters.values())
+    large_ids = {message_id("tx-large", event, "hook") for event in EVENTS}
+    tried = [r.status for r in receiver.on("/hook") if r.message_id in large_ids]
+    assert tried == [500], "the large one: one attempt, not retried"
+    wait_for(
+        lambda: committed_offsets(setup.bootstrap, setup.group, setup.source) == [3],
+        30,
+        message="the commit past both",
+    )
+    assert bridge.process is not None and bridge.process.poll() is None
 
 
 def test_hung_endpoint_does_not_delay_a_healthy_one(

@@ -121,3 +121,31 @@ def test_replay_skips_each_letter_it_cannot_read_and_sends_every_other(
         "tx",
         config.delay_topics[0],
     ]
+
+
+@pytest.mark.parametrize("kind", ["delivery", "poison"])
+def test_a_letter_whose_value_was_not_kept_is_listed_as_such_and_not_replayed(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A dead letter written without its value (too large for the topic) says so in the list,
+    and replay skips it naming where the source record is: replayed, a delivery would have had
+    no body and a poison record would have gone back to the source topic as a null value."""
+    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    FakeProducer.instances.clear()
+    headers = (
+        dead_letter_headers(DELIVERY, "too_large", 1, 1_700_000_001_000)
+        if kind == "delivery"
+        else poison_headers(SourceRef("tx", 0, 1, 1), "corrupt", "x", 1_700_000_001_000)
+    )
+    dropped = letter(1, [*headers, ("bridge-value-dropped-bytes", b"1048000")], value=None)
+    assert "(value not kept)" in dropped.row(1_700_000_002_000)[3]
+    assert "(value not kept)" not in letter(2, headers).row(1_700_000_002_000)[3]
+    config = Config(path=Path("x.yaml"), topics=TopicsConfig(source="tx"))
+    with pytest.raises(
+        RuntimeError,
+        match=r"^1 dead letter\(s\) not replayed: 0/1: its value \(1048000 bytes\) was too large "
+        r"to be kept; the source record is at tx/0/1 \(topic/partition/offset\)",
+    ):
+        dlq.replay(config, [dropped, good(2)])
+    (producer,) = FakeProducer.instances
+    assert [topic for topic, _value in producer.produced] == [config.delay_topics[0]]

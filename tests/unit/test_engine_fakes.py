@@ -34,9 +34,10 @@ from bridge.core.signing import message_id
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine import rebalance as rebalance_module
 from bridge.engine.clock import now_ms
+from bridge.engine.dispatch import PARK_GROUP
 from bridge.engine.pipeline import Pipeline
 from bridge.http.sender import DeliveryRequest, Outcome
-from bridge.kafka.producer import ProduceError
+from bridge.kafka.producer import ProduceError, RecordTooLargeError
 from bridge.ops.metrics import Metrics
 from devtools.samples import make_record
 
@@ -630,3 +631,104 @@ def test_hostile_retry_records_are_dead_lettered_or_delivered_and_every_commit_m
     assert parked <= set(received), "every webhook of every parking record"
     assert _pairs(run) <= set(received)
     assert most_in_flight[0] <= limit
+
+
+class SizeLimitedProducer(FakeProducer):
+    """Refuses, for its size, every record whose value and headers exceed ``limit`` bytes, as a
+    topic's ``max.message.bytes`` (or the client's ``message.max.bytes``) does."""
+
+    def __init__(self, kafka: FakeKafka, limit: int) -> None:
+        super().__init__(kafka)
+        self.limit = limit
+        self.refused: Counter[str] = Counter()
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Any) -> None:
+        size = len(value or b"") + sum(len(name) + len(data) for name, data in headers)
+        if size > self.limit:
+            self.refused[topic] += 1
+            raise RecordTooLargeError("Broker: Message size too large")
+        await super().send(topic, value, key, headers)
+
+
+def test_records_too_large_for_the_bridge_topics_are_dead_lettered_and_every_commit_moves() -> None:
+    """Tried again, a write the topic refuses for its size held its partition's commit for good.
+    Every first attempt fails (503). Records whose body the bridge's topics cannot take are
+    dead-lettered at once (``too_large``) instead of waiting on a rung, their value not kept
+    (it is too large for the dead letters too) but its size and where the source record is;
+    a poison record too large to keep is dead-lettered the same way. The others are retried and
+    received, and the source and the rung are committed to their ends."""
+    limit, large = 3_000, 3
+    producers: list[SizeLimitedProducer] = []
+
+    def limited(kafka: FakeKafka) -> FakeProducer:
+        producers.append(SizeLimitedProducer(kafka, limit))
+        return producers[0]
+
+    def prepare(run: Run) -> None:
+        schema = load_schema_file(SCHEMAS / "transaction_outcome.avsc")
+        for index in range(large):
+            record = make_record(f"large-{index}", "acct", label="x" * limit)
+            run.kafka.append("src", encode_plain(schema, record), b"k", None)
+        run.kafka.append("src", b"\x00" + b"\xff" * limit, b"poison", None)
+
+    total = 8 + large + 1
+
+    def done(run: Run) -> bool:
+        return run.consumer.stored.get(("src", 0)) == total and len(run.sender.received) == 8
+
+    run = run_engine(
+        13,
+        20,
+        {"acct": 1},
+        8,
+        lambda _id, seen: 503 if seen == 0 else 200,
+        done,
+        prepare,
+        make_producer=limited,
+    )
+    letters = run.kafka.topics["transactions.outcomes.dlq"]
+    headers = [header_map(m.headers()) for m in letters]
+    by_offset = {int(h["bridge-source-offset"]): h for h in headers}
+    assert sorted(by_offset) == list(range(8, total)) and len(headers) == large + 1
+    for offset in range(8, 8 + large):
+        assert (by_offset[offset]["bridge-kind"], by_offset[offset]["bridge-reason"]) == (
+            "delivery",
+            "too_large",
+        )
+    assert by_offset[total - 1]["bridge-kind"] == "poison"
+    assert all(m.value() == b"" for m in letters), "no value kept"
+    assert all(int(h["bridge-value-dropped-bytes"]) > limit for h in headers)
+    assert producers[0].refused == {"src.retry.1": large, "transactions.outcomes.dlq": large + 1}
+    assert run.consumer.stored[("src.retry.1", 0)] == len(run.kafka.topics["src.retry.1"]) == 8
+    assert all(run.sender.seen[i] == 2 for i in run.sender.received)
+
+
+def test_a_record_parked_for_many_webhooks_is_parked_in_records_of_a_bounded_size() -> None:
+    """All of a record's 600 webhooks refuse work (parked without a request): their ids ride in
+    a header of the parking record, so they are parked ``PARK_GROUP`` to a record (one record
+    for all of them would be 39 KB of ids, and with 15,000 webhooks past any topic's limit)."""
+    webhooks, records = 600, 2
+
+    def prepare(run: Run) -> None:
+        run.pipeline.dispatcher.lanes.refusing = lambda _id, _came_back=False: True  # type: ignore[method-assign]
+
+    groups = -(-webhooks // PARK_GROUP)
+
+    def done(run: Run) -> bool:
+        return (
+            run.consumer.stored.get(("src", 0)) == records
+            and len(run.kafka.topics.get("src.parked", [])) == records * groups
+        )
+
+    run = run_engine(17, 50, {"acct": webhooks}, records, lambda _id, _seen: 200, done, prepare)
+    parked = [header_map(m.headers()) for m in run.kafka.topics["src.parked"]]
+    carried: Counter[str] = Counter()
+    for headers in parked:
+        ids = [headers["bridge-webhook"], *headers.get("bridge-also-webhooks", "").split(",")]
+        assert len(ids) <= 256, "ids of a bounded size"
+        carried.update(
+            f"{headers['bridge-transaction-id']}/{webhook}" for webhook in ids if webhook
+        )
+    assert len(carried) == webhooks * records and set(carried.values()) == {1}
+    assert len(parked) == records * 3
+    assert run.sender.received == []

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from bridge.kafka.producer import DurableProducer, ProduceError, ProducerFailedError
+from bridge.kafka.producer import (
+    DurableProducer,
+    ProduceError,
+    ProducerFailedError,
+    RecordTooLargeError,
+    _settle_all,
+)
 from bridge.kafka.security import ACL_HINT, RESTART_HINT, producer_failure
 from tests.cycles import bridge_cycles
 from tests.kafka_helpers import wait_for
@@ -261,3 +267,45 @@ def test_a_failed_write_leaves_nothing_for_the_cyclic_collector(event_loop: str)
         (uvloop.run if event_loop == "uvloop" else asyncio.run)(scenario())
     finally:
         producer.close(1.0)
+
+
+def test_a_record_too_large_for_the_client_is_refused_for_good_at_once() -> None:
+    """librdkafka refuses a record over ``message.max.bytes`` (1,000,000 by default) when it is
+    produced: :class:`RecordTooLargeError`, which the engine does not try again (tried again, it
+    held its partition's commit for good). A record within the limit is only queued."""
+    producer = DurableProducer(NOWHERE)
+    try:
+
+        async def send(size: int) -> None:
+            await asyncio.wait_for(producer.send("topic", b"x" * size, None, [("h", b"v")]), 0.5)
+
+        with pytest.raises(RecordTooLargeError, match="MSG_SIZE_TOO_LARGE"):
+            asyncio.run(send(1_000_001))
+        with pytest.raises(TimeoutError):  # queued (no broker answers): not refused
+            asyncio.run(send(10_000))
+    finally:
+        producer.close(0.1)
+
+
+@pytest.mark.parametrize(
+    ("code", "refusal"),
+    [
+        (KafkaError.MSG_SIZE_TOO_LARGE, RecordTooLargeError),
+        (KafkaError.NOT_ENOUGH_REPLICAS, ProduceError),
+        (KafkaError._MSG_TIMED_OUT, ProduceError),
+    ],
+)
+def test_a_broker_refusing_a_record_for_its_size_is_told_apart(
+    code: int, refusal: type[ProduceError]
+) -> None:
+    """A topic whose ``max.message.bytes`` is smaller than the client's refuses the record in
+    its delivery report: the same :class:`RecordTooLargeError`; any other refusal is a
+    :class:`ProduceError` (tried again)."""
+
+    async def report() -> BaseException | None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        _settle_all([(future, KafkaError(code, "refused"))])
+        return future.exception()
+
+    error = asyncio.run(report())
+    assert type(error) is refusal
