@@ -40,6 +40,7 @@ H_DETAIL = "bridge-detail"
 H_ATTEMPTS = "bridge-attempts"
 H_DEAD_LETTERED = "bridge-dead-lettered-ms"
 H_ALSO = "bridge-also-webhooks"
+H_ACCOUNT = "bridge-account"  # the account holder whose record the body was built from
 H_VALUE_DROPPED = "bridge-value-dropped-bytes"  # a dead letter whose value was too large to keep
 
 KIND_DELIVERY = "delivery"
@@ -77,6 +78,7 @@ class PendingDelivery:
     last_error: str = ""
     deferrals: int = 0
     also: tuple[str, ...] = ()  # other webhooks parked in the same record (same event, attempt)
+    account: str = ""  # the record's account holder ("" only in records written before it was)
 
     @property
     def came_back(self) -> bool:
@@ -103,6 +105,7 @@ class PendingDelivery:
             self.last_status,
             self.last_error,
             self.deferrals,
+            account=self.account,
         )
 
     def next(
@@ -139,6 +142,7 @@ def _common(delivery: PendingDelivery) -> Headers:
         (H_SOURCE_TIMESTAMP, str(source.timestamp_ms).encode()),
         (H_DEFERRALS, str(delivery.deferrals).encode()),
         *([(H_ALSO, ",".join(delivery.also).encode())] if delivery.also else []),
+        *([(H_ACCOUNT, delivery.account.encode())] if delivery.account else []),
     ]
 
 
@@ -242,6 +246,7 @@ def parse_delivery(
         last_error=values.get(H_LAST_ERROR, ""),
         deferrals=_optional(values, H_DEFERRALS, _MAX_COUNT) or 0,
         also=_also(values),
+        account=values.get(H_ACCOUNT, ""),
     )
 
 

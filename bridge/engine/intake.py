@@ -104,6 +104,7 @@ class Intake:
             attempt=0,
             source=source,
             key=msg.key(),
+            account=notification.account_holder_id,
         )
         self.dispatcher.dispatch(partition, source.offset, delivery, webhooks, [])
         return True
@@ -178,12 +179,15 @@ class Intake:
         partition.started(msg.offset())
         wanted: list[Webhook] = []
         gone: list[tuple[str, str]] = []
+        account = delivery.account  # ("" in a record written before it was carried)
         for webhook_id in (delivery.webhook_id, *delivery.also):
             webhook = self.subscriptions.get(webhook_id)
-            if webhook is not None and webhook.enabled and delivery.event in webhook.events:
-                wanted.append(webhook)
-            elif webhook is None:
+            if webhook is None:
                 gone.append((webhook_id, "webhook_removed"))
+            elif account and webhook.account != account:  # the id now names another's webhook
+                gone.append((webhook_id, "webhook_reassigned"))
+            elif webhook.enabled and delivery.event in webhook.events:
+                wanted.append(webhook)
             elif not webhook.enabled:
                 gone.append((webhook_id, "webhook_disabled"))
             else:

@@ -557,7 +557,9 @@ def test_revoke_while_deliveries_are_in_flight_commits_only_finished_work() -> N
     assert run.consumer.stored[("src", 0)] == 5
 
 
-def _retry_record(run: Run, index: int, *, also: tuple[str, ...] = (), **headers: bytes) -> None:
+def _retry_record(
+    run: Run, index: int, *, also: tuple[str, ...] = (), account: str = "", **headers: bytes
+) -> None:
     """A delay-topic record for webhook ``acct-0`` (and ``also``), due now, with ``headers``
     written over the ones the bridge writes."""
     delivery = PendingDelivery(
@@ -570,6 +572,7 @@ def _retry_record(run: Run, index: int, *, also: tuple[str, ...] = (), **headers
         source=SourceRef("src", 0, 10_000 + index, 1),
         due_ms=1,
         also=also,
+        account=account,
     )
     written = {name: value for name, value in delay_headers(delivery)}
     written.update({name.replace("_", "-"): value for name, value in headers.items()})
@@ -732,3 +735,37 @@ def test_a_record_parked_for_many_webhooks_is_parked_in_records_of_a_bounded_siz
     assert len(carried) == webhooks * records and set(carried.values()) == {1}
     assert len(parked) == records * 3
     assert run.sender.received == []
+
+
+def test_a_retry_is_never_sent_to_a_webhook_id_now_given_to_another_account() -> None:
+    """A delivery waiting on a rung (or replayed from the dead letters) when a reload gives its
+    webhook id to another account holder: sent, it carried one account holder's transaction to
+    another's endpoint, signed with the other's secret. It is dead-lettered
+    (``webhook_reassigned``) for each webhook of its record now another's; those still the
+    record's account holder's, and records written before the account was carried, are sent."""
+
+    def prepare(run: Run) -> None:
+        _retry_record(run, 0, account="acct")  # still acct's: sent
+        _retry_record(run, 1, account="acct_old")  # acct-0 now belongs to acct: not sent
+        _retry_record(run, 2)  # written before the account was carried: sent
+        _retry_record(run, 3, account="acct_old", also=("acct-1",))  # neither is acct_old's
+
+    def done(run: Run) -> bool:
+        return (
+            run.consumer.stored.get(("src.retry.1", 0)) == 4
+            and len(run.kafka.topics.get("transactions.outcomes.dlq", [])) == 3
+        )
+
+    run = run_engine(19, 10, {"acct": 2}, 0, lambda _id, _seen: 200, done, prepare)
+    letters = [header_map(m.headers()) for m in run.kafka.topics["transactions.outcomes.dlq"]]
+    assert sorted(
+        (h["bridge-reason"], h["bridge-webhook"], h["bridge-transaction-id"]) for h in letters
+    ) == [
+        ("webhook_reassigned", "acct-0", "forged-1"),
+        ("webhook_reassigned", "acct-0", "forged-3"),
+        ("webhook_reassigned", "acct-1", "forged-3"),
+    ]
+    assert {h["bridge-account"] for h in letters} == {"acct_old"}, "a replay is refused again"
+    assert sorted(run.sender.received) == sorted(
+        message_id(f"forged-{index}", SUCCESS, "acct-0") for index in (0, 2)
+    )

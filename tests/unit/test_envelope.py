@@ -31,6 +31,7 @@ DELIVERY = PendingDelivery(
     last_status=503,
     last_error="HTTP 503",
     deferrals=1,
+    account="acct_7",
 )
 
 
@@ -163,6 +164,7 @@ def test_a_record_for_several_webhooks_round_trips_and_gives_one_delivery_each()
         message_id("tx-1", "transaction.failed", w) for w in ("shop", "crm", "ledger.v2")
     ]
     assert all(d.also == () for d in one_each)
+    assert {d.account for d in one_each} == {"acct_7"}, "each keeps its record's account holder"
     assert {(d.attempt, d.deferrals, d.due_ms, d.body, d.source) for d in one_each} == {
         (2, 1, DELIVERY.due_ms, DELIVERY.body, DELIVERY.source)
     }
@@ -181,3 +183,13 @@ def test_a_malformed_list_of_other_webhooks_is_a_clear_error(also: str) -> None:
         return
     with pytest.raises(EnvelopeError, match="bridge-also-webhooks"):
         parse_delivery(headers, DELIVERY.body, DELIVERY.key)
+
+
+def test_a_record_written_before_the_account_was_carried_reads_without_one() -> None:
+    """Records on the ladder when the bridge is upgraded have no ``bridge-account``: they read
+    with "" (and are delivered as before); every record written now names it."""
+    headers = delay_headers(DELIVERY)
+    assert header_map(headers)["bridge-account"] == "acct_7"
+    older = [(name, value) for name, value in headers if name != "bridge-account"]
+    assert parse_delivery(older, DELIVERY.body, DELIVERY.key) == replace(DELIVERY, account="")
+    assert "bridge-account" not in header_map(delay_headers(replace(DELIVERY, account="")))
