@@ -114,7 +114,34 @@ def read_decimal(
             f"decimal(precision {precision}) with an unscaled value of more than {precision} "
             "digits",
         )
+    if isinstance(reader_schema, dict) and reader_schema.get("logicalType") == "decimal":
+        _check_fits_reader(unscaled, precision, scale, reader_schema)
     return Decimal(unscaled).scaleb(-scale, _decimal_context(precision))
+
+
+def _check_fits_reader(
+    unscaled: int, precision: int, scale: int, reader_schema: dict[str, Any]
+) -> None:
+    """:class:`ValueRefused` unless the value (``unscaled`` at the writer's ``scale``) is exactly
+    a value of the reader's decimal: a writer's decimal(30, 0) delivered 28 digits, and its
+    decimal(24, 9) 0.000000001, amounts the schema the account holders were promised cannot
+    hold (a receiver sized to it would round them)."""
+    reader_precision, reader_scale = reader_schema["precision"], reader_schema.get("scale", 0)
+    if (reader_precision, reader_scale) == (precision, scale):
+        return
+    shift = reader_scale - scale
+    if shift >= 0:
+        scaled, exact = unscaled * _power_of_ten(shift), True
+    else:
+        scaled, left = divmod(unscaled, _power_of_ten(-shift))
+        exact = not left
+    if not exact or abs(scaled) >= _power_of_ten(reader_precision):
+        value = Decimal(unscaled).scaleb(-scale, _decimal_context(precision))
+        raise ValueRefused(
+            "invalid_decimal",
+            f"decimal {value} (written as decimal({precision}, {scale})) is not a value of the "
+            f"reader schema's decimal({reader_precision}, {reader_scale})",
+        )
 
 
 _fastavro_timestamp_millis = LOGICAL_READERS["long-timestamp-millis"]
@@ -172,6 +199,13 @@ def check_writer_schema(parsed: object) -> None:
         kind = schema["type"]
         if kind in ("record", "error"):
             name = schema["name"]
+            names = [field["name"] for field in schema["fields"]]
+            if len(set(names)) != len(names):
+                twice = next(field for field in names if names.count(field) > 1)
+                raise UnsupportedWriterSchema(
+                    f"record {name} has the field {twice!r} twice: fastavro would read both "
+                    "and keep one of them"
+                )
             enclosing.add(name)
             empty = True
             for field in schema["fields"]:
@@ -375,7 +409,10 @@ class Decoder:
             return "null"  # (a stand-in; the problem is raised below)
 
         reader = schema(schema_dir / READER_SCHEMA_FILE)
-        known = [schema(path) for path in sorted(schema_dir.glob("*.avsc"))]
+        paths = sorted(schema_dir.glob("*.avsc"))
+        known = [schema(path) for path in paths]
+        if not problems:
+            problems += _same_fingerprint(zip(paths, known, strict=True))
         plain = None if plain_writer_schema_file is None else schema(plain_writer_schema_file)
         if problems:
             raise SchemaFilesError(list(dict.fromkeys(problems)))  # (the reader is in both)
@@ -493,6 +530,28 @@ class Decoder:
         reader = None if same_as_reader else self._parsed_reader
         writer_name = parsed_writer.get("name") if isinstance(parsed_writer, dict) else None
         return _ResolvedReader(f"{origin} ({writer_name or parsed_writer})", parsed_writer, reader)
+
+
+def _same_fingerprint(schemas: Iterable[tuple[Path, AvroSchema]]) -> list[str]:
+    """A problem for each schema file whose single-object fingerprint another file has while
+    the two differ (beyond docs). The fingerprint is of the Parsing Canonical Form, which leaves
+    out ``logicalType``, ``precision`` and ``scale``: a copy of the schema with money at scale 2
+    had the reader's fingerprint, and whichever file sorted last read every record with it
+    (1500.25 written, 15002500 delivered)."""
+    problems: list[str] = []
+    first: dict[bytes, tuple[Path, object]] = {}
+    for path, schema in schemas:
+        fingerprint = single_object_fingerprint(schema)
+        stripped = _without_docs(schema)
+        seen = first.setdefault(fingerprint, (path, stripped))
+        if seen[1] != stripped:
+            problems.append(
+                f"{printable(str(path))}: has the single-object fingerprint {fingerprint.hex()} "
+                f"of {printable(seen[0].name)} but differs from it (the fingerprint leaves out "
+                "logicalType, precision and scale), so their records cannot be told apart: "
+                "keep one of them"
+            )
+    return problems
 
 
 def _without_docs(schema: object) -> object:

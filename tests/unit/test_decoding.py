@@ -807,3 +807,100 @@ def test_a_decimal_of_a_precision_past_the_bound_is_refused_at_once() -> None:
     assert time.process_time() - started < 0.5
     edge = {"type": "fixed", "size": 416, "precision": MAX_DECIMAL_PRECISION, "scale": 0}
     assert read_decimal((10**999).to_bytes(416, "big", signed=True), edge) == 10**999
+
+
+# --- What fastavro reads that the reader schema does not say ------------------------------------
+
+
+def with_money(schema: Any, precision: int, scale: int) -> Any:
+    """The schema with ``amount`` and ``fees`` decimals of this precision and scale."""
+    changed = copy.deepcopy(schema)
+    for field in changed["fields"]:
+        if field["name"] in ("amount", "fees"):
+            field["type"] = {
+                "type": "bytes",
+                "logicalType": "decimal",
+                "precision": precision,
+                "scale": scale,
+            }
+    return changed
+
+
+@pytest.mark.parametrize("name", ["a_first.avsc", "transaction_outcome.v3.avsc"])
+def test_schema_files_that_share_a_fingerprint_but_differ_are_refused(
+    schema_dir: Path, tmp_path: Path, reader_schema: Any, make_record: Factory, name: str
+) -> None:
+    """The single-object fingerprint leaves out logicalType, precision and scale: a copy of the
+    reader schema with money at scale 2 had its fingerprint, and whichever file sorted last read
+    every record (1500.25 written, 15002500 delivered). Such files are refused, naming both;
+    a copy that differs only in docs is kept."""
+    directory = tmp_path / "schemas"
+    directory.mkdir()
+    for path in schema_dir.glob("*.avsc"):
+        (directory / path.name).write_text(path.read_text())
+    scale_two = with_money(reader_schema, 24, 2)
+    assert single_object_fingerprint(scale_two) == single_object_fingerprint(reader_schema)
+    (directory / name).write_text(json.dumps(scale_two))
+    with pytest.raises(SchemaFilesError) as caught:
+        Decoder.from_schema_dir(directory)
+    (problem,) = caught.value.problems
+    assert "same" not in problem and "single-object fingerprint" in problem
+    assert {READER_SCHEMA_FILE, name} <= {
+        part.strip(":").split("/")[-1] for part in problem.split()
+    }
+    undocumented = {key: value for key, value in reader_schema.items() if key != "doc"}
+    (directory / name).write_text(json.dumps(undocumented))
+    value = encode_single_object(reader_schema, make_record())
+    assert Decoder.from_schema_dir(directory).decode(value) == make_record()
+
+
+def test_a_writer_schema_with_a_field_twice_is_refused(
+    reader_schema: Any, make_schema_source: Any, make_record: Factory
+) -> None:
+    """fastavro reads both fields and keeps one: a status written FAILED then SUCCEEDED was
+    delivered FAILED, an amount written 1500 then 15000000 delivered as 1500."""
+    twice = copy.deepcopy(reader_schema)
+    amount = next(field for field in twice["fields"] if field["name"] == "amount")
+    twice["fields"].append(copy.deepcopy(amount))
+    decoder = Decoder(reader_schema, registry=make_schema_source({7: twice}))
+    value = b"\x00\x00\x00\x00\x07" + encode_plain(reader_schema, make_record())
+    error = assert_decode_error(decoder, value, "unsupported_writer_schema")
+    assert "has the field 'amount' twice" in error.detail
+    with pytest.raises(UnsupportedWriterSchema, match="field 'amount' twice"):
+        check_writer_schema(fastavro.parse_schema(twice))
+
+
+@pytest.mark.parametrize(
+    ("precision", "scale", "amount", "fits"),
+    [
+        (24, 2, "1500.25", True),  # rescaled: the same value
+        (30, 0, str(10**17), True),  # 18 digits before the point: the reader's most
+        (30, 0, str(10**18), False),  # 19 digits: the reader's decimal(24, 6) cannot hold it
+        (30, 0, str(10**27), False),
+        (24, 9, "0.000001000", True),  # more places written, none of them used
+        (24, 9, "0.000000001", False),  # a ninth place: the reader's six cannot hold it
+        (24, 9, "-0.000000001", False),
+    ],
+)
+def test_a_decimal_from_another_writer_schema_must_be_a_value_of_the_reader_schema(
+    reader_schema: Any,
+    make_schema_source: Any,
+    make_record: Factory,
+    precision: int,
+    scale: int,
+    amount: str,
+    fits: bool,
+) -> None:
+    """A writer's decimal(30, 0) delivered 28 digits and its decimal(24, 9) 0.000000001:
+    amounts the schema promised to account holders (decimal(24, 6)) cannot hold."""
+    writer = with_money(reader_schema, precision, scale)
+    decoder = Decoder(reader_schema, registry=make_schema_source({5: writer}))
+    money = {"amount": Decimal(amount), "fees": Decimal(0).scaleb(-scale)}  # (at that scale)
+    value = encode_confluent(5, writer, make_record(**money))
+    if fits:
+        assert decoder.decode(value)["amount"] == Decimal(amount)
+        return
+    error = assert_decode_error(decoder, value, "invalid_decimal")
+    assert (
+        f"(written as decimal({precision}, {scale})) is not a value of the reader" in error.detail
+    )
