@@ -231,7 +231,7 @@ def parse_delivery(
         webhook_id=_text(values, H_WEBHOOK),
         message_id=_text(values, H_MESSAGE_ID),
         event=_text(values, H_EVENT),
-        transaction_id=values.get(H_TRANSACTION, ""),
+        transaction_id=_text(values, H_TRANSACTION),
         body=body,
         attempt=whole_number(values, H_ATTEMPT, _MAX_COUNT),
         source=SourceRef(
