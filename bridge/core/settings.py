@@ -190,9 +190,17 @@ class SchemasConfig:
             "Directory of the `.avsc` files; the reader schema is `transaction_outcome.avsc`. "
             "Each must be an Avro schema in a regular file of at most 1 MiB, neither recursive "
             "(a named type inside itself) nor holding an array of items that take no bytes "
-            "(null, fixed of size 0, a record of only such fields), which fastavro cannot read "
-            "safely: `bridge check` and `bridge run` name every one that is not. A writer schema "
-            "of those shapes from the registry is `unsupported_writer_schema`.",
+            "(null, fixed of size 0, a record of only such fields), nor a record with a field "
+            "given twice (fastavro reads both and keeps one), which fastavro cannot read "
+            "safely: `bridge check` and `bridge run` name every one that is not. Two files with "
+            "the same single-object fingerprint that differ are refused too: the fingerprint (of "
+            "the Parsing Canonical Form) leaves out `logicalType`, `precision` and `scale`, so a "
+            "copy of the reader schema with money at scale 2 would have read every record of the "
+            "other at its scale. For the same reason a single-object producer must write with "
+            "one of these files exactly (a producer's own decimal(18, 2) schema has the reader's "
+            "fingerprint and would be read at scale 6); the registry, which gives the writer "
+            "schema itself, has no such limit. A writer schema of those shapes from the registry "
+            "is `unsupported_writer_schema`.",
         ),
     )
     registry_url: str | None = field(
