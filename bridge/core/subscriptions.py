@@ -98,6 +98,24 @@ class Subscriptions:
         """The webhook with this id, enabled or not (callers check ``enabled``); None if unknown."""
         return self._by_id.get(webhook_id)
 
+    def judge(self, webhook_id: str, account: str, event: str) -> Webhook | str:
+        """The webhook a delivery of ``account``'s ``event`` to ``webhook_id`` goes to now, or
+        why it goes nowhere (a dead-letter reason): the id is no longer configured, names
+        another account holder's webhook (``account`` "" for a delivery written before it was
+        carried: not checked), is disabled or no longer chooses the event. The one judgement
+        of a delivery against the configuration in force, when it comes back from a bridge
+        topic and again when its request starts."""
+        webhook = self._by_id.get(webhook_id)
+        if webhook is None:
+            return "webhook_removed"
+        if account and webhook.account != account:
+            return "webhook_reassigned"
+        if not webhook.enabled:
+            return "webhook_disabled"
+        if event not in webhook.events:
+            return "event_unsubscribed"
+        return webhook
+
     def __iter__(self) -> Iterator[Webhook]:
         """Every configured webhook, enabled or not, in config order."""
         return iter(self._by_id.values())

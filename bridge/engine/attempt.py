@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from bridge.core.envelope import PendingDelivery
 from bridge.core.retry import GiveUp, RetryPolicy
+from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Webhook
 from bridge.engine.budget import Lanes
 from bridge.engine.clock import now_ms, now_ms_rounded_up
@@ -179,7 +180,9 @@ class Deliverer:
         recovery: Recovery,
         policy: RetryPolicy,
         metrics: Metrics,
+        subscriptions: Callable[[], Subscriptions] | None = None,
     ) -> None:
+        self.subscriptions = subscriptions  # the configuration in force (None: the one given)
         self.sender = sender
         self.lanes = lanes
         self.recovery = recovery
@@ -227,6 +230,13 @@ class Deliverer:
         if not await lane.enter(delivery.came_back):
             await self.recovery.park(delivery)  # no request made, no attempt spent
             return
+        if self.subscriptions is not None:  # a reload may have come while it waited for a slot
+            judged = self.subscriptions().judge(webhook.id, delivery.account, delivery.event)
+            if isinstance(judged, str):
+                lane.vacate()
+                await self.recovery.dead_letter(delivery, judged)
+                return
+            webhook = judged  # the request is made with the settings in force when it starts
         answered: bool | None = None  # None: cancelled before the attempt ended
         try:
             outcome = await guarded_attempt(

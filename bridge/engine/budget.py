@@ -442,28 +442,40 @@ class Lanes(dict[str, Lane]):
         lane = self.get(webhook_id)
         return lane is not None and lane.refusing(came_back)
 
-    def reconfigure(self, subscriptions: Subscriptions) -> None:
+    def reconfigure(self, subscriptions: Subscriptions) -> list[str]:
         """Give the existing lanes the limit and patience of their webhook's new settings
         (only the lanes that exist are visited: cheap at 10,000 webhooks), and drop the lanes
         of webhooks no longer configured once nothing is in them, with the accounts left
-        without a lane (else every webhook ever configured kept a lane, reload after reload)."""
-        gone = []
+        without a lane (else every webhook ever configured kept a lane, reload after reload).
+
+        A lane whose webhook id now names another account holder's webhook is let go at once:
+        its deliveries in flight end in it, charging the account they were made for, and its
+        waiters are judged again when they enter (:meth:`Subscriptions.judge`); the new
+        webhook starts with a lane of its own. (Kept by id, the new holder's webhook inherited
+        the old one's stall, credit and slots, and the old holder's failures spent the new
+        holder's account budget.) Returns the ids of those webhooks."""
+        gone: list[str] = []
+        moved: list[str] = []
         for webhook_id, lane in self.items():
             webhook = subscriptions.get(webhook_id)
             if webhook is None:
                 if not lane.active and not lane.waiters:
                     gone.append(webhook_id)
                 continue
+            if lane.account is not self.accounts.get(webhook.account):
+                moved.append(webhook_id)
+                continue
             lane.limit = webhook.concurrency
             lane.patience = self.patience(webhook)
-            lane.account = self.account(webhook.account)
             lane.admit()  # a raised limit lets waiters in now
         for webhook_id in gone:
             self.queued.pop(self.pop(webhook_id), None)
-        if gone:
-            held = {id(lane.account) for lane in self.values()}
-            for account in [a for a, credit in self.accounts.items() if id(credit) not in held]:
-                del self.accounts[account]
+        for webhook_id in moved:  # (still queued, if it has waiters: they may be shed)
+            del self[webhook_id]
+        held = {id(lane.account) for lane in self.values()}
+        for account in [a for a, credit in self.accounts.items() if id(credit) not in held]:
+            del self.accounts[account]
+        return moved
 
     def shed_waiters(self) -> None:
         """At the in-flight limit: park the deliveries that waited a lane's patience or more for

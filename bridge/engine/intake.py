@@ -179,19 +179,12 @@ class Intake:
         partition.started(msg.offset())
         wanted: list[Webhook] = []
         gone: list[tuple[str, str]] = []
-        account = delivery.account  # ("" in a record written before it was carried)
         for webhook_id in (delivery.webhook_id, *delivery.also):
-            webhook = self.subscriptions.get(webhook_id)
-            if webhook is None:
-                gone.append((webhook_id, "webhook_removed"))
-            elif account and webhook.account != account:  # the id now names another's webhook
-                gone.append((webhook_id, "webhook_reassigned"))
-            elif webhook.enabled and delivery.event in webhook.events:
-                wanted.append(webhook)
-            elif not webhook.enabled:
-                gone.append((webhook_id, "webhook_disabled"))
+            judged = self.subscriptions.judge(webhook_id, delivery.account, delivery.event)
+            if isinstance(judged, str):
+                gone.append((webhook_id, judged))
             else:
-                gone.append((webhook_id, "event_unsubscribed"))
+                wanted.append(judged)
         self.dispatcher.dispatch(partition, msg.offset(), delivery, wanted, gone)
         return True
 

@@ -86,7 +86,14 @@ class Pipeline:
         self.in_flight = InFlight(config.delivery.max_in_flight, metrics)
         self.lanes = Lanes(config.retry.first_delay_ms / 1000, hurry=self.in_flight.at_limit)
         self.recovery = Recovery(producer, self.policy, metrics, config.dead_letter_topic)
-        self.deliverer = Deliverer(sender, self.lanes, self.recovery, self.policy, metrics)
+        self.deliverer = Deliverer(
+            sender,
+            self.lanes,
+            self.recovery,
+            self.policy,
+            metrics,
+            subscriptions=lambda: self.intake.subscriptions,
+        )
         self.dispatcher = Dispatcher(
             self.in_flight, self.lanes, self.deliverer.deliver, self.recovery
         )
@@ -115,8 +122,10 @@ class Pipeline:
         self.config = config
         subscriptions = self.intake.subscriptions.updated(config.webhooks, changed)
         self.intake.subscriptions = subscriptions
-        self.lanes.reconfigure(self.intake.subscriptions)
+        moved = self.lanes.reconfigure(self.intake.subscriptions)
         self._register_webhooks()
+        if moved:
+            self.metrics.forget_webhooks(moved)
 
     def status(self, limit: int = STATUS_LIMIT) -> dict[str, Any]:
         """Per-webhook detail and totals for the operator's ``/status`` (ids only: never a URL or

@@ -140,6 +140,14 @@ class TrackedWebhooks:
             del self.failing[webhook]
         self._failing_count.set(len(self.failing))
 
+    def forget(self, webhook: str) -> None:
+        """``webhook``'s id now names another account holder's webhook: what the old one did
+        (its series, its failing state) is not shown as the new one's."""
+        if webhook in self.members:
+            self._evict(webhook)
+        if self.failing.pop(webhook, None) is not None:
+            self._failing_count.set(len(self.failing))
+
     def _mark(self, webhook: str, failing: bool, now: float) -> None:
         if failing:
             if webhook in self.failing:
@@ -572,6 +580,14 @@ class Metrics:
         self._dead_letters.labels(OTHER, "retries_exhausted")
         for rung in range(1, rungs + 1):
             self._retries.labels(str(rung))
+
+    def forget_webhooks(self, webhook_ids: Iterable[str]) -> None:
+        """Webhook ids that now name another account holder's webhooks (see
+        :meth:`TrackedWebhooks.forget`)."""
+        if not self.enabled:
+            return
+        for webhook_id in webhook_ids:
+            self.webhooks.forget(webhook_id)
 
     def forget_partition(self, topic: str, partition: int) -> None:
         """Drop the per-partition series of a partition no longer assigned here."""

@@ -279,12 +279,17 @@ def test_an_answering_webhook_is_not_refused_for_its_accounts_spent_credit(
 
 
 def test_a_webhook_moved_to_another_account_spends_that_accounts_credit() -> None:
+    """Its lane is a new one, on the new account's budget; the old lane (what was in flight
+    ends in it) stays on the old account's (see test_lane_invariants for the whole story)."""
     lanes = Lanes(0.5, hurry=lambda: False)
     lane = lanes.of(_webhook("moving", "acct_a"))
-    assert lane.account is lanes.account("acct_a")
+    old_account = lanes.account("acct_a")
+    assert lane.account is old_account
     moved = _webhook("moving", "acct_b")
     lanes.reconfigure(SimpleNamespace(get={"moving": moved}.get))  # type: ignore[arg-type]
-    assert lane.account is lanes.account("acct_b")
+    assert lanes.of(moved) is not lane
+    assert lanes.of(moved).account is lanes.account("acct_b")
+    assert lane.account is old_account
 
 
 def test_lanes_of_removed_webhooks_go_once_nothing_is_in_them() -> None:

@@ -769,3 +769,73 @@ def test_a_retry_is_never_sent_to_a_webhook_id_now_given_to_another_account() ->
     assert sorted(run.sender.received) == sorted(
         message_id(f"forged-{index}", SUCCESS, "acct-0") for index in (0, 2)
     )
+
+
+class SlowSender(FakeSender):
+    """Answers 200 after 30 ms, recording each request's URL; calls ``on_first`` at the first."""
+
+    def __init__(self, rng: random.Random, on_first: Callable[[], None]) -> None:
+        super().__init__(rng, lambda _id, _seen: 200)
+        self.on_first = on_first
+        self.urls: list[str] = []
+
+    async def send(self, request: DeliveryRequest, timeout: float) -> Outcome:
+        self.urls.append(request.url)
+        if len(self.urls) == 1:
+            self.on_first()
+        await asyncio.sleep(0.03)
+        return await super().send(request, timeout)
+
+
+@pytest.mark.parametrize("change", ["url", "removed", "disabled", "unsubscribed", "reassigned"])
+def test_a_delivery_waiting_for_a_slot_is_made_with_the_configuration_in_force_when_it_starts(
+    change: str,
+) -> None:
+    """One webhook with one slot, four records; a reload comes while the first request is out.
+    The three deliveries waiting for the slot were made with the webhook object of their
+    dispatch: its old URL and secret, even once it was removed, disabled or given to another
+    account holder. They are judged again when their request starts: made with the new
+    settings, or dead-lettered for the reason a retry coming back would be."""
+    runs: list[Run] = []
+
+    def reload() -> None:
+        pipeline = runs[0].pipeline
+        (webhook,) = pipeline.config.webhooks
+        changed = {
+            "url": replace(webhook, url="https://moved.example/hook", secret=Secret(b"n" * 32)),
+            "disabled": replace(webhook, enabled=False),
+            "unsubscribed": replace(webhook, events=frozenset({"transaction.failed"})),
+            "reassigned": replace(webhook, account="acct_other"),
+        }
+        webhooks = () if change == "removed" else (changed[change],)
+        pipeline.apply_config(replace(pipeline.config, webhooks=webhooks))
+
+    def sender(rng: random.Random, _status_of: Callable[[str, int], int]) -> FakeSender:
+        return SlowSender(rng, reload)
+
+    def prepare(run: Run) -> None:
+        runs.append(run)
+        (webhook,) = run.pipeline.config.webhooks
+        one_slot = replace(webhook, concurrency=1)
+        run.pipeline.apply_config(replace(run.pipeline.config, webhooks=(one_slot,)))
+
+    def done(run: Run) -> bool:
+        letters = len(run.kafka.topics.get("transactions.outcomes.dlq", []))
+        return run.consumer.stored.get(("src", 0)) == 4 and len(run.sender.received) + letters == 4
+
+    run = run_engine(
+        23, 10, {"acct": 1}, 4, lambda _id, _seen: 200, done, prepare, make_sender=sender
+    )
+    urls = run.sender.urls  # type: ignore[attr-defined]
+    letters = [
+        header_map(m.headers()) for m in run.kafka.topics.get("transactions.outcomes.dlq", [])
+    ]
+    if change == "url":
+        assert urls == ["https://acct-0.example/hook"] + ["https://moved.example/hook"] * 3
+        assert letters == []
+    else:
+        reason = {"removed": "webhook_removed", "disabled": "webhook_disabled"}.get(
+            change, "event_unsubscribed" if change == "unsubscribed" else "webhook_reassigned"
+        )
+        assert urls == ["https://acct-0.example/hook"], "no request after the reload"
+        assert [h["bridge-reason"] for h in letters] == [reason] * 3

@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from bridge.core.subscriptions import Subscriptions
+from bridge.core.webhook import Secret, Webhook
 from bridge.engine import budget
-from bridge.engine.budget import TURN_AWAY_BATCH, Lane
+from bridge.engine.budget import TURN_AWAY_BATCH, UNANSWERED_BURST, Lane, Lanes
 
 T = TypeVar("T")
 
@@ -272,3 +274,50 @@ def test_random_operations_keep_every_invariant(
     monkeypatch.setattr(budget, "UNANSWERED_BURST", rng.choice([10_000.0, 4.0]))
     found = explore(seed, clock)
     assert not found, found[:5]
+
+
+def test_a_webhook_id_given_to_another_account_starts_with_a_lane_of_its_own(
+    clock: Clock,
+) -> None:
+    """Lanes are kept by webhook id. A reload that gives the id to another account holder's
+    webhook let the new webhook inherit the old one's spent credit, stall and slots, and the old
+    one's failures still in flight spent the new holder's account budget (its deliveries were
+    parked without a request). The old lane is let go: what is in flight ends in it, charged to
+    the account it was made for; the new webhook's lane starts fresh. The accounts kept are
+    those of the lanes kept, whatever the reload changed (they grew with every account an id
+    ever moved to)."""
+
+    def hook(account: str) -> Webhook:
+        return Webhook(
+            id="w1",
+            account=account,
+            url="https://x.example/hook",
+            events=frozenset({"transaction.success"}),
+            secret=Secret(b"s" * 32),
+            concurrency=2,
+        )
+
+    async def scenario() -> None:
+        lanes = Lanes(0.5, hurry=lambda: False)
+        old = lanes.of(hook("acct_x"))
+        for _ in range(30):  # thirty attempts that end without an answer
+            assert old.try_acquire()
+            old.release(answered=False)
+        assert old.try_acquire()  # one more in flight across the reload
+        spent = lanes.accounts["acct_x"]
+        assert old.snapshot()["credit"] < UNANSWERED_BURST
+        assert lanes.reconfigure(Subscriptions([hook("acct_y")])) == ["w1"]
+        new = lanes.of(hook("acct_y"))
+        assert new is not old and new.account is lanes.accounts["acct_y"]
+        assert set(lanes.accounts) == {"acct_y"}
+        assert new.snapshot()["credit"] == new.snapshot()["account_credit"] == UNANSWERED_BURST
+        old.release(answered=False)  # the old webhook's attempt ends in its own lane
+        assert new.snapshot()["account_credit"] == UNANSWERED_BURST
+        assert spent.peek() < UNANSWERED_BURST
+        assert lanes.reconfigure(Subscriptions([hook("acct_y")])) == []
+        for account in range(20):  # the id moves on, reload after reload
+            lanes.reconfigure(Subscriptions([hook(f"acct_{account}")]))
+            lanes.of(hook(f"acct_{account}"))
+        assert set(lanes.accounts) == {"acct_19"}
+
+    run(clock, scenario())

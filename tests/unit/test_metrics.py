@@ -461,3 +461,26 @@ def test_a_broker_silent_for_longer_than_the_limit_is_not_up() -> None:
     assert up(-1) is True  # nothing received yet: connecting, not silent
     assert up(RX_IDLE_LIMIT_US) is False
     assert up(RX_IDLE_LIMIT_US * 4) is False
+
+
+def test_a_webhook_id_given_to_another_account_loses_the_old_one_s_series_and_failing_state() -> (
+    None
+):
+    """The tracked set is kept by id: after a reload gave the id to another account holder,
+    ``/status``, the failing gauge and the series showed the old webhook's failures as the new
+    one's. Its series go (a counter that starts again), and its failing state."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.register_webhooks(["moved", "kept"], RUNGS)
+    failed(metrics, "moved")
+    failed(metrics, "kept")
+    assert tracked(registry) == {"moved", "kept"}
+    assert registry.get_sample_value("bridge_webhooks_failing") == 2
+    metrics.register_webhooks(["moved", "kept"], RUNGS)  # (the id is still configured)
+    metrics.forget_webhooks(["moved"])
+    assert tracked(registry) == {"kept"}
+    assert registry.get_sample_value("bridge_webhooks_failing") == 1
+    assert "moved" not in metrics.webhooks.failing
+    received(metrics, "moved")  # the new webhook's own traffic: series of its own again
+    assert tracked(registry) == {"moved", "kept"}
+    assert value(registry, "bridge_deliveries_total", webhook="moved") == 1, "only its own"
