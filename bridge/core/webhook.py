@@ -232,6 +232,8 @@ class Webhook:
             "are pooled per TLS setting, so a client certificate is only ever used for the "
             "webhooks that name it. A wrong CA, a refused or missing client certificate, or a "
             "refused version is a not-received attempt (`tls_error`) that goes up the ladder. "
+            "The files are looked at again every 10 s: new connections use files renewed in "
+            "place, and files that could not be used are tried again. "
             "Key exchange is elliptic-curve only ([Security](#security)).",
             type_text="as in `delivery`",
             default_text="the `delivery` values",

@@ -447,21 +447,55 @@ def make_context(settings: TlsSettings) -> ssl.SSLContext:
     return context
 
 
-class TlsContexts:
-    """The contexts in use, made on first use of each setting (a failure is remembered too)."""
+TLS_FILES_CHECK_S: Final = 10.0
+"""How often, at most, a setting's files are looked at again (their ``stat``): a context is made
+again when one of them changed, and a failure is tried again."""
 
-    def __init__(self) -> None:
-        self._contexts: dict[TlsSettings, ssl.SSLContext | TlsError] = {}
+
+def _files_stamp(settings: TlsSettings) -> tuple[tuple[int, int, int] | None, ...]:
+    """What says a setting's files changed: each one's inode, size and modification time (None
+    for a file that cannot be looked at: making the context says why)."""
+    stamps: list[tuple[int, int, int] | None] = []
+    for path in (settings.ca_file, settings.client_cert_file, settings.client_key_file):
+        if path is None:
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            stamps.append(None)
+        else:
+            stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(stamps)
+
+
+class TlsContexts:
+    """The contexts in use, made on first use of each setting. Every ``TLS_FILES_CHECK_S`` a
+    setting's files are looked at again: a context is made again from files renewed in place
+    (a Kubernetes Secret swapped, a certificate renewed) and a failure (a file missing for a
+    moment) is tried again; kept for good, both lasted until the bridge restarted."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        # setting -> (context or failure, files' stamp, when to look at the files again)
+        self._contexts: dict[
+            TlsSettings, tuple[ssl.SSLContext | TlsError, tuple[Any, ...], float]
+        ] = {}
 
     def get(self, settings: TlsSettings) -> ssl.SSLContext:
         """The context of ``settings``; TlsError when its files cannot be used."""
-        context = self._contexts.get(settings)
-        if context is None:
-            try:
-                context = make_context(settings)
-            except TlsError as exc:
-                context = exc
-            self._contexts[settings] = context
+        entry = self._contexts.get(settings)
+        now = self._clock()
+        if entry is None or now >= entry[2]:
+            stamp = _files_stamp(settings)
+            if entry is None or stamp != entry[1] or isinstance(entry[0], TlsError):
+                try:
+                    made: ssl.SSLContext | TlsError = make_context(settings)
+                except TlsError as exc:
+                    made = exc
+            else:
+                made = entry[0]
+            entry = self._contexts[settings] = (made, stamp, now + TLS_FILES_CHECK_S)
+        context = entry[0]
         if isinstance(context, TlsError):
             raise context
         return context

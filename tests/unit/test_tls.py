@@ -23,7 +23,13 @@ from bridge.core.destinations import DestinationPolicy
 from bridge.core.webhook import TlsSettings
 from bridge.http import tls
 from bridge.http.sender import DeliveryRequest, HttpSender, Outcome
-from bridge.http.tls import ResumingContext, TlsError, make_context
+from bridge.http.tls import (
+    TLS_FILES_CHECK_S,
+    ResumingContext,
+    TlsContexts,
+    TlsError,
+    make_context,
+)
 
 ANSWER = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"
 
@@ -909,3 +915,35 @@ def test_the_tls_layer_says_when_bytes_wait_in_it(ca: trustme.CA, files: dict[st
     assert bounded.holds_bytes()
     assert bounded.read(1024) == b"wer"
     assert not bounded.holds_bytes()
+
+
+def test_a_settings_files_are_looked_at_again_a_failure_tried_again_a_renewal_used(
+    tmp_path: Path,
+) -> None:
+    """Contexts were made once per setting and kept for good, failures too: a CA file missing
+    for a moment (a Secret being swapped) failed its webhook until the bridge restarted, and a
+    certificate renewed in place was not used. Every ``TLS_FILES_CHECK_S`` the files' stat is
+    looked at: a failure is tried again, a changed file makes a new context, an unchanged one
+    keeps it (nothing is read in between)."""
+    now = [0.0]
+    contexts = TlsContexts(clock=lambda: now[0])
+    path = tmp_path / "ca.pem"
+    settings = TlsSettings(ca_file=str(path))
+    with pytest.raises(TlsError, match="No such file"):
+        contexts.get(settings)
+    trustme.CA().cert_pem.write_to_path(str(path))
+    now[0] += TLS_FILES_CHECK_S / 2
+    with pytest.raises(TlsError):  # remembered within the interval
+        contexts.get(settings)
+    now[0] += TLS_FILES_CHECK_S / 2
+    first = contexts.get(settings)
+    now[0] += TLS_FILES_CHECK_S
+    assert contexts.get(settings) is first, "unchanged files: the same context"
+    renewed = tmp_path / "renewed.pem"
+    trustme.CA().cert_pem.write_to_path(str(renewed))
+    renewed.replace(path)  # (as a Secret's swap does: a new file at the path)
+    assert contexts.get(settings) is first, "within the interval"
+    now[0] += TLS_FILES_CHECK_S
+    second = contexts.get(settings)
+    assert second is not first
+    assert len(second.get_ca_certs()) == len(first.get_ca_certs())
