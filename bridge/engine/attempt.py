@@ -180,9 +180,9 @@ class Deliverer:
         recovery: Recovery,
         policy: RetryPolicy,
         metrics: Metrics,
-        subscriptions: Callable[[], Subscriptions] | None = None,
+        subscriptions: Callable[[], Subscriptions],
     ) -> None:
-        self.subscriptions = subscriptions  # the configuration in force (None: the one given)
+        self.subscriptions = subscriptions  # the configuration in force, when asked
         self.sender = sender
         self.lanes = lanes
         self.recovery = recovery
@@ -230,13 +230,14 @@ class Deliverer:
         if not await lane.enter(delivery.came_back):
             await self.recovery.park(delivery)  # no request made, no attempt spent
             return
-        if self.subscriptions is not None:  # a reload may have come while it waited for a slot
-            judged = self.subscriptions().judge(webhook.id, delivery.account, delivery.event)
-            if isinstance(judged, str):
-                lane.vacate()
-                await self.recovery.dead_letter(delivery, judged)
-                return
-            webhook = judged  # the request is made with the settings in force when it starts
+        # A reload may have come while it waited for a slot: judged again, and the request is
+        # made with the settings in force when it starts.
+        judged = self.subscriptions().judge(webhook.id, delivery.account, delivery.event)
+        if isinstance(judged, str):
+            lane.vacate()
+            await self.recovery.dead_letter(delivery, judged)
+            return
+        webhook = judged
         answered: bool | None = None  # None: cancelled before the attempt ended
         try:
             outcome = await guarded_attempt(

@@ -29,6 +29,7 @@ from bridge.core.envelope import (
     SourceRef,
     dead_letter_headers,
     delay_headers,
+    header_map,
     poison_headers,
 )
 from bridge.core.errors import BridgeError
@@ -187,13 +188,11 @@ class Recovery:
 
 def _source_of(headers: Headers) -> dict[str, str]:
     """The source record's topic, partition and offset named in a dead letter's headers."""
-    named = {
-        H_SOURCE_TOPIC: "source_topic",
-        H_SOURCE_PARTITION: "source_partition",
-        H_SOURCE_OFFSET: "source_offset",
-    }
+    values = header_map(headers)
     return {
-        named[name]: value.decode("utf-8", "replace") for name, value in headers if name in named
+        "source_topic": values.get(H_SOURCE_TOPIC, ""),
+        "source_partition": values.get(H_SOURCE_PARTITION, ""),
+        "source_offset": values.get(H_SOURCE_OFFSET, ""),
     }
 
 

@@ -134,15 +134,12 @@ class TrackedWebhooks:
     def configure(self, webhooks: Iterable[str]) -> None:
         """The webhooks now configured: every other one leaves the set and the failing list."""
         self.configured = frozenset(webhooks)
-        for webhook in [w for w in self.members if w not in self.configured]:
-            self._evict(webhook)
-        for webhook in [w for w in self.failing if w not in self.configured]:
-            del self.failing[webhook]
-        self._failing_count.set(len(self.failing))
+        for webhook in [w for w in {*self.members, *self.failing} if w not in self.configured]:
+            self.forget(webhook)
 
     def forget(self, webhook: str) -> None:
-        """``webhook``'s id now names another account holder's webhook: what the old one did
-        (its series, its failing state) is not shown as the new one's."""
+        """Drop ``webhook``'s series and failing state: it is no longer configured, or its id now
+        names another account holder's webhook (what the old one did is not the new one's)."""
         if webhook in self.members:
             self._evict(webhook)
         if self.failing.pop(webhook, None) is not None:

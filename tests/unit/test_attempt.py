@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from bridge.core.envelope import PendingDelivery, SourceRef
 from bridge.core.retry import RetryPolicy
+from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Secret, Webhook
 from bridge.engine.attempt import (
     ATTEMPT_GRACE_S,
@@ -27,7 +28,14 @@ from bridge.engine.budget import UNANSWERED_BURST, Lanes
 from bridge.http.sender import DeliveryRequest, Outcome
 from bridge.ops.metrics import Metrics
 
-WEBHOOK = Webhook("shop", "acct_1", "https://example.com/hook", frozenset(), Secret(b"s3cr3t"))
+WEBHOOK = Webhook(
+    "shop",
+    "acct_1",
+    "https://example.com/hook",
+    frozenset({"transaction.failed"}),
+    Secret(b"s3cr3t"),
+)
+IN_FORCE = Subscriptions([WEBHOOK])
 DELIVERY = PendingDelivery(
     webhook_id="shop",
     message_id="msg_1",
@@ -145,7 +153,7 @@ def test_a_cancelled_delivery_frees_its_slot_without_judging_the_webhook() -> No
     async def main() -> tuple[int, float, bool, bool]:
         lanes = Lanes(0.001, lambda: False)
         metrics = Metrics(CollectorRegistry())
-        deliverer = Deliverer(Hanging(), lanes, None, None, metrics)  # type: ignore[arg-type]
+        deliverer = Deliverer(Hanging(), lanes, None, None, metrics, lambda: IN_FORCE)  # type: ignore[arg-type]
         task = asyncio.ensure_future(deliverer.attempt(delivery, webhook))
         await asyncio.sleep(0.05)  # under way, well past the patience
         task.cancel()
@@ -346,7 +354,7 @@ def test_a_delivery_whose_ladder_fails_is_dead_lettered_so_its_commit_moves(
     async def main() -> None:
         lanes = Lanes(0.001, lambda: False)
         metrics = Metrics(CollectorRegistry())
-        deliverer = Deliverer(Answers500(), lanes, recovery, policy, metrics)  # type: ignore[arg-type]
+        deliverer = Deliverer(Answers500(), lanes, recovery, policy, metrics, lambda: IN_FORCE)  # type: ignore[arg-type]
         await deliverer.deliver(delivery, webhook, work)  # type: ignore[arg-type]
 
     asyncio.run(main())
