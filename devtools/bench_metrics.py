@@ -162,20 +162,27 @@ def scenario_metrics_scrape(
     webhooks: int = WEBHOOKS,
     rate: float = RATE,
     interval: float = SCRAPE_INTERVAL_S,
+    tracked: int = 0,
 ) -> dict[str, Any]:
     """``webhooks`` webhooks configured, ``busy`` receiving ``rate`` records/s for ``seconds``
     (after a warm-up), ``/metrics`` scraped every ``interval`` s throughout (0: never, for a
-    control run)."""
+    control run). With ``tracked``, ``metrics.webhook_series`` is that many and as many idle
+    webhooks get one delivery each first, so each has series of its own (about 30 samples)."""
     topic = stage.new_topics()
     hooks = [
         {"id": BUSY, "account": "acct_busy", "url": stage.url("/ok/busy")},
         *idle_hooks(stage, webhooks - 1),
     ]
     scrapes_file = stage.workdir / f"{topic}.scrapes.jsonl"
-    with stage.bridge(topic, hooks) as process:
+    with stage.bridge(topic, hooks, webhook_series=tracked or None) as process:
         url = metrics_url(stage, topic)
         _wait(lambda: _answers(url), 120, "the bridge's /metrics", 0.2, process)
         _wait_assigned(stage, topic)
+        if tracked:  # (busy's own deliveries take one place: the rest go to idle webhooks)
+            accounts = [hook["account"] for hook in hooks[1:tracked]]
+            stage.produce_records(topic, accounts)
+            _wait(lambda: stage.received() >= len(accounts), 120, "the tracked", 0.2, process)
+            stage.dump()  # (their arrivals are not the measured stream's; the count starts again)
         scrapes_file.write_text("")
         scraper = start_scraper(url, interval, scrapes_file) if interval > 0 else None
         try:
@@ -203,6 +210,7 @@ def scenario_metrics_scrape(
     )
     return {
         "webhooks": webhooks,
+        "webhook_series": tracked or "default",
         "rate_per_s": rate,
         "seconds": seconds,
         "scrape_interval_s": interval,
@@ -413,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument(
             "--interval", type=float, default=SCRAPE_INTERVAL_S, help="between scrapes; 0: none"
         )
+        sub.add_argument(
+            "--tracked", type=int, default=0, help="webhook_series, each with traffic first"
+        )
     reload = commands.add_parser("reload", help="run the reload scenario")
     reload.add_argument("--seconds", type=float, default=30.0, help="measured window")
     reload.add_argument("--webhooks", type=int, default=WEBHOOKS)
@@ -443,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             result = result[0] if len(result) == 1 else result
         else:
             result = scenario_metrics_scrape(
-                stage, args.seconds, args.webhooks, args.rate, args.interval
+                stage, args.seconds, args.webhooks, args.rate, args.interval, args.tracked
             )
     finally:
         stage.stop_receiver()

@@ -17,9 +17,14 @@ descriptor, so deliveries failed with "Too many open files"; 100 connections pip
 unread ``/metrics`` requests held the loop for seconds). So what clients can make it do is
 bounded (:class:`_Guard`): at most :data:`MAX_CONNECTIONS` connections at once (more are closed
 as they come), each closed after :data:`IDLE_S` without a byte from its client, after
-:data:`LIFETIME_S` in all, or once it has sent :data:`MAX_REQUEST_BYTES`; and ``/metrics`` is
-rendered at most once per :data:`METRICS_MAX_AGE_S`, every request within it answered with the
-same bytes.
+:data:`LIFETIME_S` in all, or once it has sent :data:`MAX_REQUEST_BYTES`.
+
+``/metrics`` is written in slices of at most about 2 ms, the loop given back between them
+(:mod:`bridge.ops.exposition`: with ``webhook_series: 1000`` one piece held every delivery for
+0.2 s). It is rendered at most once per :data:`METRICS_MAX_AGE_S`, and at most
+:data:`RENDER_SHARE` of the time (a render that held the loop for 0.2 s is not started again
+within 2 s); every request in between, or while a render is under way, is answered with the bytes
+of one render (the ``Bridge-Rendered-At`` header says when its figures were read).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from collections.abc import Callable
 from typing import Any, Final, cast
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
+from bridge.ops.exposition import render
 
 LOOP_STALL_S = 60.0
 MAX_CONNECTIONS: Final = 64
@@ -44,6 +51,9 @@ LIFETIME_S: Final = 120.0
 MAX_REQUEST_BYTES: Final = 64 * 1024
 """The most bytes one connection may send (its requests' heads: a few hundred bytes each)."""
 METRICS_MAX_AGE_S: Final = 1.0
+RENDER_SHARE: Final = 0.1
+"""The most of the loop's time ``/metrics`` renders take, however often it is asked: the next
+render starts no sooner than the last one held the loop, divided by this."""
 RENDERED_HEADER: Final = "Bridge-Rendered-At"
 """The header of a ``/metrics`` answer saying when its figures were read (Unix time, seconds)."""
 
@@ -57,17 +67,32 @@ def health_app(
 ) -> web.Application:
     """The aiohttp application serving the endpoints (``/status`` only when ``status`` is given)."""
 
-    rendered_at, rendered, rendered_wall = float("-inf"), b"", ""
+    next_render_at, rendered, rendered_wall = float("-inf"), b"", ""
+    rendering: asyncio.Task[None] | None = None
+
+    async def render_now() -> None:
+        nonlocal next_render_at, rendered, rendered_wall, rendering
+        try:
+            started, wall = time.monotonic(), f"{time.time():.3f}"
+            rendered, held = await render(registry)
+            rendered_wall = wall
+            next_render_at = started + max(METRICS_MAX_AGE_S, held / RENDER_SHARE)
+        finally:
+            rendering = None
 
     async def metrics(_request: web.Request) -> web.Response:
-        nonlocal rendered_at, rendered, rendered_wall
-        now = time.monotonic()
-        if now - rendered_at >= METRICS_MAX_AGE_S:
-            rendered_at, rendered = now, generate_latest(registry)
-            rendered_wall = f"{time.time():.3f}"
+        nonlocal rendering
+        if rendering is None and time.monotonic() >= next_render_at:
+            rendering = asyncio.get_running_loop().create_task(render_now())
+        if rendering is not None:  # (shielded: a client leaving does not end it for the others)
+            await asyncio.shield(rendering)
         # (RENDERED_HEADER: when the figures were read, for a reader that needs them fresher)
         headers = {"Content-Type": CONTENT_TYPE_LATEST, RENDERED_HEADER: rendered_wall}
         return web.Response(body=rendered, headers=headers)
+
+    async def stop_rendering(_app: web.Application) -> None:
+        if rendering is not None:
+            rendering.cancel()
 
     async def healthz(_request: web.Request) -> web.Response:
         stalled = time.monotonic() - last_loop()
@@ -93,6 +118,7 @@ def health_app(
         )
 
     app = web.Application()
+    app.on_cleanup.append(stop_rendering)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -8,7 +8,9 @@ bounded by the code: outcome, status class, rung, reason, kind, and topic and pa
 bridge's own topics. Never a URL, a transaction or an account.
 
 At 10,000 configured webhooks a scrape is about a hundred series plus two per assigned partition,
-and at most about 30 more per tracked webhook: rendering it on the event loop costs milliseconds.
+and at most about 30 more per tracked webhook: milliseconds to render with the default ten tracked
+webhooks, about 0.15-0.2 s with the most (1,000), so ``/metrics`` is written in slices that give
+the event loop back (:mod:`bridge.ops.exposition`).
 """
 
 from __future__ import annotations

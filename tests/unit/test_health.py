@@ -123,13 +123,13 @@ def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_s
     """Pipelined requests that are never read (each answer rendered for nobody): the connection
     is closed once it has sent MAX_REQUEST_BYTES, and /metrics was rendered once for them all."""
     renders = []
-    real = health.generate_latest
+    real = health.render
 
-    def counted(registry: CollectorRegistry) -> bytes:
+    async def counted(registry: CollectorRegistry) -> tuple[bytes, float]:
         renders.append(1)
-        return real(registry)
+        return await real(registry)
 
-    monkeypatch.setattr(health, "generate_latest", counted)
+    monkeypatch.setattr(health, "render", counted)
 
     async def check(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -147,13 +147,13 @@ def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_s
 
 def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     renders = []
-    real = health.generate_latest
+    real = health.render
 
-    def counted(registry: CollectorRegistry) -> bytes:
+    async def counted(registry: CollectorRegistry) -> tuple[bytes, float]:
         renders.append(time.monotonic())
-        return real(registry)
+        return await real(registry)
 
-    monkeypatch.setattr(health, "generate_latest", counted)
+    monkeypatch.setattr(health, "render", counted)
     monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.2)
 
     async def check(port: int) -> None:
@@ -183,5 +183,97 @@ def test_a_metrics_answer_says_when_its_figures_were_read() -> None:
         writer.close()
         rendered = float(head.split(f"{health.RENDERED_HEADER.lower()}: ")[1].split("\r\n")[0])
         assert before - 0.002 <= rendered <= time.time() + 0.002
+
+    serve(check)
+
+
+async def get_metrics(port: int) -> bytes:
+    """One GET /metrics on a new connection: its body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return (await reader.read()).split(b"\r\n\r\n", 1)[1]
+    finally:
+        writer.close()
+
+
+def test_requests_during_a_render_share_it_and_a_client_leaving_does_not_end_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten scrapes arrive while a render is under way (it waits on an event the test sets) and
+    the first of them goes away: one render, and the other nine get its bytes."""
+    renders = []
+
+    async def check(port: int) -> None:
+        renders.clear()  # (each event loop's run on its own)
+        go = asyncio.Event()
+
+        async def slow(_registry: CollectorRegistry) -> tuple[bytes, float]:
+            renders.append(1)
+            await go.wait()
+            return b"figures %d\n" % len(renders), 0.0
+
+        monkeypatch.setattr(health, "render", slow)
+        leaving = asyncio.create_task(get_metrics(port))
+        while not renders:
+            await asyncio.sleep(0.01)
+        leaving.cancel()
+        others = [asyncio.create_task(get_metrics(port)) for _ in range(9)]
+        await asyncio.sleep(0.2)  # (they are all waiting on the render)
+        go.set()
+        assert await asyncio.gather(*others) == [b"figures 1\n"] * 9
+        assert len(renders) == 1
+
+    serve(check)
+
+
+def test_renders_take_at_most_their_share_of_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A render that held the loop for 0.1 s is not started again within 0.1 / RENDER_SHARE = 1
+    s, however often the clients ask; once that time has passed, the next request renders."""
+    renders: list[float] = []
+
+    async def held(_registry: CollectorRegistry) -> tuple[bytes, float]:
+        renders.append(time.monotonic())
+        return b"figures %d\n" % len(renders), 0.1
+
+    monkeypatch.setattr(health, "render", held)
+    monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.05)
+
+    async def check(port: int) -> None:
+        renders.clear()  # (each event loop's run on its own)
+        started = time.monotonic()
+        while time.monotonic() - started < 0.6:
+            assert await get_metrics(port) == b"figures 1\n"
+            await asyncio.sleep(0.02)
+        assert len(renders) == 1
+        while time.monotonic() - started < 1.0 + 0.05:
+            await asyncio.sleep(0.05)
+        assert await get_metrics(port) == b"figures 2\n"
+        assert renders[1] - renders[0] >= 0.1 / health.RENDER_SHARE
+
+    serve(check)
+
+
+def test_a_failed_render_answers_an_error_and_the_next_request_renders_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+
+    async def flaky(_registry: CollectorRegistry) -> tuple[bytes, float]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a collector failed")
+        return b"figures\n", 0.0
+
+    monkeypatch.setattr(health, "render", flaky)
+
+    async def check(port: int) -> None:
+        calls.clear()  # (each event loop's run on its own)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (await reader.readline()).startswith(b"HTTP/1.1 500")
+        writer.close()
+        assert await get_metrics(port) == b"figures\n"
+        assert await healthz(port) == b"HTTP/1.1 200 OK"
 
     serve(check)

@@ -1,0 +1,170 @@
+"""The ``/metrics`` text of a registry, written in slices of the event loop's time.
+
+``prometheus_client.generate_latest`` writes a whole registry in one call, on the event loop that
+makes every tenant's deliveries. With ``webhook_series: 1000`` a scrape is about 32,000 samples
+(2.4 MB), and that call held the loop for 0.2 s (on a host about 1.5x slower than usual); even
+making one metric's family, a per-webhook histogram of 13,000 samples, took 40-55 ms in one
+piece. :func:`render` writes the same bytes (a test compares them with ``generate_latest``'s),
+one sample at a time, and gives the loop back whenever it has held it for :data:`SLICE_S`.
+
+A metric of ``prometheus_client`` (a :class:`MetricWrapperBase`) is read through its samples'
+generator (its children copied under its lock, then read one at a time, as its own ``collect()``
+does); any other collector (the bridge's own, a few dozen samples each) through ``collect()``. A
+registry that is not a plain :class:`CollectorRegistry` of collectors, or a metric without that
+generator, is read through ``collect()``: the same text, in larger pieces.
+
+The figures of one answer are read over the slices, not at one instant (a counter may move
+between two of its series), as a scrape of ``prometheus_client`` in a threaded server reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+SLICE_S: Final = 0.002
+"""The longest the rendering holds the event loop before giving it back (give or take the
+time of :data:`_CHECK_EVERY` samples, about 0.2 ms)."""
+_CHECK_EVERY: Final = 32
+"""Samples written between two looks at the clock."""
+_OPENMETRICS_SUFFIXES: Final = ("_created", "_gsum", "_gcount")
+"""Samples the text format shows as a gauge family of their own, after their family."""
+_TYPES: Final = {
+    "counter": "counter",
+    "gauge": "gauge",
+    "histogram": "histogram",
+    "summary": "summary",
+    "info": "gauge",
+    "stateset": "gauge",
+    "gaugehistogram": "histogram",
+    "unknown": "untyped",
+}
+_INVALID_NAME_CHARACTER = re.compile(r"[^a-zA-Z0-9_:]")
+
+Pause = Callable[[], Awaitable[None]]
+_Sample = tuple[str, dict[str, str], float, Any]  # name, labels, value, timestamp
+
+
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
+
+
+async def render(
+    registry: CollectorRegistry,
+    pause: Pause = _next_turn,
+    clock: Callable[[], float] = time.perf_counter,
+    slice_s: float = SLICE_S,
+) -> tuple[bytes, float]:
+    """The text exposition of ``registry`` (what ``generate_latest(registry)`` returns), and the
+    seconds the rendering held the loop (its slices, not the turns given away between them).
+
+    ``pause`` gives the loop away (the next turn); ``clock`` measures a slice."""
+    output: list[str] = []
+    started = clock()
+    held = 0.0
+    written = 0
+    for collector in _collectors(registry):
+        for name, documentation, kind, samples in _families(collector):
+            shown_name = name + "_total" if kind == "counter" else name
+            if kind == "info":
+                shown_name = name + "_info"
+            help_text = _help(documentation)
+            output.append(f"# HELP {_name(shown_name)} {help_text}\n")
+            output.append(f"# TYPE {_name(shown_name)} {_TYPES.get(kind, kind)}\n")
+            apart = {name + suffix: suffix for suffix in _OPENMETRICS_SUFFIXES}
+            trailing: dict[str, list[str]] = {}
+            for sample_name, labels, value, timestamp in samples:
+                line = _line(sample_name, labels, value, timestamp)
+                suffix = apart.get(sample_name)
+                if suffix is None:
+                    output.append(line)
+                else:
+                    trailing.setdefault(suffix, []).append(line)
+                written += 1
+                if written % _CHECK_EVERY == 0 and clock() - started >= slice_s:
+                    held += clock() - started
+                    await pause()
+                    started = clock()
+            for suffix, lines in sorted(trailing.items()):
+                output.append(f"# HELP {_name(name + suffix)} {help_text}\n")
+                output.append(f"# TYPE {_name(name + suffix)} gauge\n")
+                output.extend(lines)
+    held += clock() - started
+    return "".join(output).encode("utf-8"), held
+
+
+def _collectors(registry: CollectorRegistry) -> list[Collector]:
+    """The registry's collectors in its order, or the registry itself when they cannot be read
+    one by one (a target-info metric, or another kind of registry)."""
+    by_collector = getattr(registry, "_collector_to_names", None)
+    lock = getattr(registry, "_lock", None)
+    if (
+        type(registry) is not CollectorRegistry
+        or by_collector is None
+        or lock is None
+        or registry.get_target_info()
+    ):
+        return [registry]
+    with lock:
+        return list(by_collector)
+
+
+def _families(collector: Collector) -> Iterator[tuple[str, str, str, Iterable[_Sample]]]:
+    """Each family of ``collector``: its name, documentation, type and samples, the samples of a
+    ``prometheus_client`` metric read one at a time."""
+    if isinstance(collector, MetricWrapperBase) and callable(getattr(collector, "_samples", None)):
+        family = collector._get_metric()  # type: ignore[no-untyped-call]
+        prefix = collector._name
+        yield (
+            family.name,
+            family.documentation,
+            family.type,
+            ((prefix + s.name, s.labels, s.value, s.timestamp) for s in collector._samples()),
+        )
+        return
+    for family in collector.collect():
+        yield (
+            family.name,
+            family.documentation,
+            family.type,
+            [(s.name, s.labels, s.value, s.timestamp) for s in family.samples],
+        )
+
+
+def _line(name: str, labels: dict[str, str], value: float, timestamp: Any) -> str:
+    """One sample's line, as ``generate_latest`` writes it."""
+    shown = ""
+    if labels:
+        shown = (
+            "{"
+            + ",".join(f'{_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            + "}"
+        )
+    stamp = "" if timestamp is None else f" {int(float(timestamp) * 1000):d}"
+    number = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return f"{_name(name)}{shown} {number}{stamp}\n"
+
+
+def _name(name: str) -> str:
+    """A metric or label name in the legacy character set (the bridge's all are): others get
+    ``_`` for each character outside it, as ``generate_latest`` writes them by default."""
+    if not _INVALID_NAME_CHARACTER.search(name) and not name[:1].isdigit():
+        return name
+    shown = _INVALID_NAME_CHARACTER.sub("_", name)
+    return "_" + shown[1:] if shown[:1].isdigit() else shown
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _help(documentation: str) -> str:
+    return documentation.replace("\\", r"\\").replace("\n", r"\n")
