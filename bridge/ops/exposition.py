@@ -5,7 +5,8 @@ makes every tenant's deliveries. With ``webhook_series: 1000`` a scrape is about
 (2.4 MB), and that call held the loop for 0.2 s (on a host about 1.5x slower than usual); even
 making one metric's family, a per-webhook histogram of 13,000 samples, took 40-55 ms in one
 piece. :func:`render` writes the same bytes (a test compares them with ``generate_latest``'s),
-one sample at a time, and gives the loop back whenever it has held it for :data:`SLICE_S`.
+one sample at a time, and gives the loop back whenever it has held it for :data:`SLICE_S`, for
+at least :data:`GAP_S` (so that the other threads get the interpreter too).
 
 A metric of ``prometheus_client`` (a :class:`MetricWrapperBase`) is read through its samples'
 generator (its children copied under its lock, then read one at a time, as its own ``collect()``
@@ -33,6 +34,15 @@ from prometheus_client.utils import floatToGoString
 SLICE_S: Final = 0.002
 """The longest the rendering holds the event loop before giving it back (give or take the
 time of :data:`_CHECK_EVERY` samples, about 0.2 ms)."""
+GAP_S: Final = 0.001
+"""How long the rendering waits between two slices: a wait, not only a turn of the loop. A turn
+(``sleep(0)``) polls with no timeout, and its thread gives up the interpreter's lock only for the
+instant of the poll: a thread waiting for that lock (the consumer's, taking records from Kafka)
+is woken each time, finds it taken again, and waits a whole switch interval (5 ms) afresh, so
+it never got it while slices came every 2 ms: on uvloop and asyncio alike, a call to the
+executor made during a 0.19 s render returned when the render ended (``bench_metrics
+--tracked 1000``: deliveries stopped for 177 ms). A poll that may wait 1 ms gives it over at
+once."""
 _CHECK_EVERY: Final = 32
 """Samples written between two looks at the clock."""
 _OPENMETRICS_SUFFIXES: Final = ("_created", "_gsum", "_gcount")
@@ -54,7 +64,7 @@ _Sample = tuple[str, dict[str, str], float, Any]  # name, labels, value, timesta
 
 
 async def _next_turn() -> None:
-    await asyncio.sleep(0)
+    await asyncio.sleep(GAP_S)
 
 
 async def render(
@@ -66,7 +76,7 @@ async def render(
     """The text exposition of ``registry`` (what ``generate_latest(registry)`` returns), and the
     seconds the rendering held the loop (its slices, not the turns given away between them).
 
-    ``pause`` gives the loop away (the next turn); ``clock`` measures a slice."""
+    ``pause`` gives the loop away (for :data:`GAP_S`); ``clock`` measures a slice."""
     output: list[str] = []
     started = clock()
     held = 0.0

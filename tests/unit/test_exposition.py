@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
+import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import (
@@ -176,3 +178,26 @@ def test_what_the_render_held_the_loop_for_excludes_the_turns_given_away() -> No
     text, held = asyncio.run(render(registry, pause=pause, clock=clock, slice_s=0.0))
     assert text == generate_latest(registry)
     assert 0 < held < 10.0
+
+
+def test_other_threads_get_the_interpreter_between_the_slices() -> None:
+    """A call to the executor (how the consumer takes records from Kafka) made while a large
+    registry is being written returns before the writing ends. Between slices that only turned
+    the loop (``sleep(0)``), the executor's thread never got the interpreter's lock until the
+    render ended, on asyncio's loop and on uvloop's alike."""
+    registry = bridge_registry(1000)
+
+    async def race() -> list[str]:
+        order: list[str] = []
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, time.sleep, 0)  # (its thread started beforehand)
+        writing = asyncio.create_task(render(registry))
+        writing.add_done_callback(lambda _task: order.append("render"))
+        await asyncio.sleep(0)  # (the render's first slice)
+        await loop.run_in_executor(None, time.sleep, 0.001)
+        order.append("executor")
+        await writing
+        return order
+
+    assert asyncio.run(race()) == ["executor", "render"]
+    assert uvloop.run(race()) == ["executor", "render"]
