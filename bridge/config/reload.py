@@ -35,13 +35,14 @@ The watcher keeps the state of the configuration in force as the bytes the child
 sends them to the next child unread (reading and writing it again was milliseconds of the
 event loop's time). What else comes back is small: the non-webhook sections, the webhooks whose
 digest differs from the one in force and, only when webhooks were removed or moved, the ids in
-their new order. The event loop unpickles the webhooks ``CHUNK`` at a time, giving way between
-chunks, keeps every unchanged :class:`~bridge.core.webhook.Webhook` object as it is, and hands
-over the new configuration in one step of its own, saying which webhooks changed
-(:meth:`ConfigWatcher.changed`: :meth:`Subscriptions.updated` then makes no pass over all of
-them). When :meth:`ConfigWatcher.run` starts, a first child
-loads the files in force to learn their state (:attr:`ConfigWatcher.primed`; were they changed
-meanwhile, the first reload ships every webhook, still a chunk at a time). The digests are keyed
+their new order. The event loop unpickles the webhooks ``CHUNK`` at a time, in slices that give
+the loop and the other threads their turn (:mod:`bridge.core.slices`), keeps every unchanged
+:class:`~bridge.core.webhook.Webhook` object as it is, and hands over the new configuration in
+one step of its own, saying which webhooks changed (:meth:`ConfigWatcher.changed`:
+:meth:`Subscriptions.updated` then makes no pass over all of them). When
+:meth:`ConfigWatcher.run` starts, a first child loads the files in force to learn their state
+(:attr:`ConfigWatcher.primed`; were they changed meanwhile, the first reload ships every webhook,
+still a chunk at a time). The digests are keyed
 by a random key of this process; the state, which holds the webhooks' secrets as written in the
 file, never leaves this process but to its own child, through a pipe. A child that cannot be
 started, dies, or does not answer within ``WORKER_TIMEOUT_S`` rejects that file (an internal
@@ -86,6 +87,7 @@ from bridge.config.loader import (
 )
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
+from bridge.core.slices import Slices
 from bridge.core.webhook import Webhook
 from bridge.files import FileRefused, read_regular_file
 
@@ -98,7 +100,7 @@ SETTLE_S = 0.05  # a change is loaded once the files stayed the same this long..
 SETTLE_MAX_S = 2.0  # ...or this long after it was seen, whichever comes first
 REJECTED_RETRY_S = 5.0  # a rejected file that did not change is loaded again this often
 WORKER_TIMEOUT_S = 120.0
-CHUNK = 100  # changed webhooks unpickled per turn of the event loop
+CHUNK = 100  # changed webhooks pickled together (the parent takes them in slices of its loop)
 WORKER_NICE = 10  # the child's niceness, above the bridge's
 WORKER_ARGS = ("-c", "from bridge.config.reload import worker_main; worker_main()")
 """How the child is started: ``sys.executable`` with these arguments."""
@@ -419,9 +421,10 @@ class _IsolatedLoader:
             raise _internal(current.path, "reading", str(answer[1]))
         _kind, sections, properties, order, count, chunks, state = answer
         changed: dict[str, Webhook] = {}
+        slices = Slices()  # (a whole file of new webhooks is thousands: they come in slices)
         for chunk in chunks:
-            await asyncio.sleep(0)  # give way: a whole file of new webhooks is thousands
             changed.update((w.id, w) for w in pickle.loads(chunk))
+            await slices.after_piece()
         # What the child compared with: the webhooks in force, once primed.
         base = self._by_id if self._state is not None else {}
         try:

@@ -5,8 +5,8 @@ makes every tenant's deliveries. With ``webhook_series: 1000`` a scrape is about
 (2.4 MB), and that call held the loop for 0.2 s (on a host about 1.5x slower than usual); even
 making one metric's family, a per-webhook histogram of 13,000 samples, took 40-55 ms in one
 piece. :func:`render` writes the same bytes (a test compares them with ``generate_latest``'s),
-one sample at a time, and gives the loop back whenever it has held it for :data:`SLICE_S`, for
-at least :data:`GAP_S` (so that the other threads get the interpreter too).
+one sample at a time, in slices that give the loop and the other threads their turn
+(:mod:`bridge.core.slices`: about 2 ms, then a wait of 1 ms).
 
 A metric of ``prometheus_client`` (a :class:`MetricWrapperBase`) is read through its samples'
 generator (its children copied under its lock, then read one at a time, as its own ``collect()``
@@ -20,10 +20,8 @@ between two of its series), as a scrape of ``prometheus_client`` in a threaded s
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
@@ -31,18 +29,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-SLICE_S: Final = 0.002
-"""The longest the rendering holds the event loop before giving it back (give or take the
-time of :data:`_CHECK_EVERY` samples, about 0.2 ms)."""
-GAP_S: Final = 0.001
-"""How long the rendering waits between two slices: a wait, not only a turn of the loop. A turn
-(``sleep(0)``) polls with no timeout, and its thread gives up the interpreter's lock only for the
-instant of the poll: a thread waiting for that lock (the consumer's, taking records from Kafka)
-is woken each time, finds it taken again, and waits a whole switch interval (5 ms) afresh, so
-it never got it while slices came every 2 ms: on uvloop and asyncio alike, a call to the
-executor made during a 0.19 s render returned when the render ended (``bench_metrics
---tracked 1000``: deliveries stopped for 177 ms). A poll that may wait 1 ms gives it over at
-once."""
+from bridge.core.slices import Slices
+
 _CHECK_EVERY: Final = 32
 """Samples written between two looks at the clock."""
 _OPENMETRICS_SUFFIXES: Final = ("_created", "_gsum", "_gcount")
@@ -59,27 +47,14 @@ _TYPES: Final = {
 }
 _INVALID_NAME_CHARACTER = re.compile(r"[^a-zA-Z0-9_:]")
 
-Pause = Callable[[], Awaitable[None]]
 _Sample = tuple[str, dict[str, str], float, Any]  # name, labels, value, timestamp
 
 
-async def _next_turn() -> None:
-    await asyncio.sleep(GAP_S)
-
-
-async def render(
-    registry: CollectorRegistry,
-    pause: Pause = _next_turn,
-    clock: Callable[[], float] = time.perf_counter,
-    slice_s: float = SLICE_S,
-) -> tuple[bytes, float]:
+async def render(registry: CollectorRegistry, slices: Slices | None = None) -> tuple[bytes, float]:
     """The text exposition of ``registry`` (what ``generate_latest(registry)`` returns), and the
-    seconds the rendering held the loop (its slices, not the turns given away between them).
-
-    ``pause`` gives the loop away (for :data:`GAP_S`); ``clock`` measures a slice."""
+    seconds the rendering held the loop (its slices, not the waits between them)."""
+    slices = slices or Slices()
     output: list[str] = []
-    started = clock()
-    held = 0.0
     written = 0
     for collector in _collectors(registry):
         for name, documentation, kind, samples in _families(collector):
@@ -99,16 +74,13 @@ async def render(
                 else:
                     trailing.setdefault(suffix, []).append(line)
                 written += 1
-                if written % _CHECK_EVERY == 0 and clock() - started >= slice_s:
-                    held += clock() - started
-                    await pause()
-                    started = clock()
+                if written % _CHECK_EVERY == 0:
+                    await slices.after_piece()
             for suffix, lines in sorted(trailing.items()):
                 output.append(f"# HELP {_name(name + suffix)} {help_text}\n")
                 output.append(f"# TYPE {_name(name + suffix)} gauge\n")
                 output.extend(lines)
-    held += clock() - started
-    return "".join(output).encode("utf-8"), held
+    return "".join(output).encode("utf-8"), slices.held
 
 
 def _collectors(registry: CollectorRegistry) -> list[Collector]:

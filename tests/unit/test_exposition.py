@@ -22,14 +22,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from bridge.core.slices import Slices
 from bridge.kafka.lag import Reading
 from bridge.ops import exposition
 from bridge.ops.exposition import render
 from bridge.ops.metrics import Metrics, status_class
 
 
-def rendered(registry: CollectorRegistry, **kwargs: object) -> bytes:
-    text, _held = asyncio.run(render(registry, **kwargs))  # type: ignore[arg-type]
+def rendered(registry: CollectorRegistry, slices: Slices | None = None) -> bytes:
+    text, _held = asyncio.run(render(registry, slices))
     return text
 
 
@@ -129,7 +130,7 @@ def test_a_large_registry_gives_the_loop_back_while_it_is_written() -> None:
         pauses.append(1)
 
     ticks = itertools.count()
-    text = rendered(registry, pause=pause, clock=lambda: float(next(ticks)), slice_s=0.5)
+    text = rendered(registry, Slices(pause, lambda: float(next(ticks)), slice_s=0.5))
     assert text == expected
     assert len(pauses) >= samples // exposition._CHECK_EVERY - 1
 
@@ -152,7 +153,7 @@ def test_a_large_registry_gives_the_loop_back_while_it_is_written() -> None:
             await asyncio.sleep(0)
 
         before = turns
-        await render(registry, pause=counted_pause, slice_s=0.0)
+        await render(registry, Slices(counted_pause, slice_s=0.0))
         between = turns - before
         done = True
         await runner
@@ -175,7 +176,7 @@ def test_what_the_render_held_the_loop_for_excludes_the_turns_given_away() -> No
     async def pause() -> None:
         now[0] += 10.0  # the loop away for 10 s
 
-    text, held = asyncio.run(render(registry, pause=pause, clock=clock, slice_s=0.0))
+    text, held = asyncio.run(render(registry, Slices(pause, clock, slice_s=0.0)))
     assert text == generate_latest(registry)
     assert 0 < held < 10.0
 
