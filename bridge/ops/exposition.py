@@ -10,7 +10,8 @@ one sample at a time, in slices that give the loop and the other threads their t
 
 A metric of ``prometheus_client`` (a :class:`MetricWrapperBase`) is read through its samples'
 generator (its children copied under its lock, then read one at a time, as its own ``collect()``
-does); any other collector (the bridge's own, a few dozen samples each) through ``collect()``. A
+does); any other collector (the bridge's own, a few dozen samples each, or a metric class with a
+``collect()`` of its own) through ``collect()``, a slice ending after each family it makes. A
 registry that is not a plain :class:`CollectorRegistry` of collectors, or a metric without that
 generator, is read through ``collect()``: the same text, in larger pieces.
 
@@ -46,6 +47,7 @@ _TYPES: Final = {
     "unknown": "untyped",
 }
 _INVALID_NAME_CHARACTER = re.compile(r"[^a-zA-Z0-9_:]")
+_INVALID_LABEL_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
 
 _Sample = tuple[str, dict[str, str], float, Any]  # name, labels, value, timestamp
 
@@ -80,6 +82,7 @@ async def render(registry: CollectorRegistry, slices: Slices | None = None) -> t
                 output.append(f"# HELP {_name(name + suffix)} {help_text}\n")
                 output.append(f"# TYPE {_name(name + suffix)} gauge\n")
                 output.extend(lines)
+            await slices.after_piece()  # (a collector's families are made one by one)
     return "".join(output).encode("utf-8"), slices.held
 
 
@@ -102,7 +105,11 @@ def _collectors(registry: CollectorRegistry) -> list[Collector]:
 def _families(collector: Collector) -> Iterator[tuple[str, str, str, Iterable[_Sample]]]:
     """Each family of ``collector``: its name, documentation, type and samples, the samples of a
     ``prometheus_client`` metric read one at a time."""
-    if isinstance(collector, MetricWrapperBase) and callable(getattr(collector, "_samples", None)):
+    if (
+        isinstance(collector, MetricWrapperBase)
+        and type(collector).collect is MetricWrapperBase.collect  # (not one of its own)
+        and callable(getattr(collector, "_samples", None))
+    ):
         family = collector._get_metric()  # type: ignore[no-untyped-call]
         prefix = collector._name
         yield (
@@ -117,7 +124,7 @@ def _families(collector: Collector) -> Iterator[tuple[str, str, str, Iterable[_S
             family.name,
             family.documentation,
             family.type,
-            [(s.name, s.labels, s.value, s.timestamp) for s in family.samples],
+            ((s.name, s.labels, s.value, s.timestamp) for s in family.samples),
         )
 
 
@@ -127,7 +134,7 @@ def _line(name: str, labels: dict[str, str], value: float, timestamp: Any) -> st
     if labels:
         shown = (
             "{"
-            + ",".join(f'{_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            + ",".join(f'{_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
             + "}"
         )
     stamp = "" if timestamp is None else f" {int(float(timestamp) * 1000):d}"
@@ -141,6 +148,14 @@ def _name(name: str) -> str:
     if not _INVALID_NAME_CHARACTER.search(name) and not name[:1].isdigit():
         return name
     shown = _INVALID_NAME_CHARACTER.sub("_", name)
+    return "_" + shown[1:] if shown[:1].isdigit() else shown
+
+
+def _label_name(name: str) -> str:
+    """A label name in the legacy character set (no ``:``, unlike a metric name), as ``_name``."""
+    if not _INVALID_LABEL_CHARACTER.search(name) and not name[:1].isdigit():
+        return name
+    shown = _INVALID_LABEL_CHARACTER.sub("_", name)
     return "_" + shown[1:] if shown[:1].isdigit() else shown
 
 

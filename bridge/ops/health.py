@@ -23,14 +23,16 @@ as they come), each closed after :data:`IDLE_S` without a byte from its client, 
 (:mod:`bridge.ops.exposition`: with ``webhook_series: 1000`` one piece held every delivery for
 0.2 s). It is rendered at most once per :data:`METRICS_MAX_AGE_S`, and at most
 :data:`RENDER_SHARE` of the time (a render that held the loop for 0.2 s is not started again
-within 2 s); every request in between, or while a render is under way, is answered with the bytes
-of one render (the ``Bridge-Rendered-At`` header says when its figures were read).
+within 2 s; never more than :data:`MAX_SPACING_S` apart); every request in between, or while a
+render is under way, is answered with the bytes of one render (the ``Bridge-Rendered-At`` header
+says when its figures were read), or a 500 if it failed (logged as ``metrics.render_failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Final, cast
@@ -38,7 +40,10 @@ from typing import Any, Final, cast
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from bridge.core.slices import Slices
 from bridge.ops.exposition import render
+
+log = logging.getLogger("bridge.ops.health")
 
 LOOP_STALL_S = 60.0
 MAX_CONNECTIONS: Final = 64
@@ -53,7 +58,11 @@ MAX_REQUEST_BYTES: Final = 64 * 1024
 METRICS_MAX_AGE_S: Final = 1.0
 RENDER_SHARE: Final = 0.1
 """The most of the loop's time ``/metrics`` renders take, however often it is asked: the next
-render starts no sooner than the last one held the loop, divided by this."""
+render starts no sooner than the last one held the loop, divided by this, whether it succeeded
+or failed (a failed render's answer, a 500, stands until then)..."""
+MAX_SPACING_S: Final = 10.0
+"""...but no later than this after the last one started: the time held is wall time, which a
+pause of the whole process (a stopped container, a throttled CPU) inflates."""
 RENDERED_HEADER: Final = "Bridge-Rendered-At"
 """The header of a ``/metrics`` answer saying when its figures were read (Unix time, seconds)."""
 
@@ -69,23 +78,30 @@ def health_app(
 
     next_render_at, rendered, rendered_wall = float("-inf"), b"", ""
     rendering: asyncio.Task[None] | None = None
+    failed = False  # the last render failed: its answer stands until the next one
 
     async def render_now() -> None:
-        nonlocal next_render_at, rendered, rendered_wall, rendering
+        nonlocal next_render_at, rendered, rendered_wall, failed
+        started, wall = time.monotonic(), f"{time.time():.3f}"
+        slices = Slices()
+        failed = True
         try:
-            started, wall = time.monotonic(), f"{time.time():.3f}"
-            rendered, held = await render(registry)
-            rendered_wall = wall
-            next_render_at = started + max(METRICS_MAX_AGE_S, held / RENDER_SHARE)
-        finally:
-            rendering = None
+            rendered, _held = await render(registry, slices)
+            rendered_wall, failed = wall, False
+        except Exception:
+            log.exception("metrics.render_failed")
+        finally:  # (a render that fails counts too)
+            spacing = min(max(METRICS_MAX_AGE_S, slices.held / RENDER_SHARE), MAX_SPACING_S)
+            next_render_at = started + spacing
 
     async def metrics(_request: web.Request) -> web.Response:
         nonlocal rendering
-        if rendering is None and time.monotonic() >= next_render_at:
+        if (rendering is None or rendering.done()) and time.monotonic() >= next_render_at:
             rendering = asyncio.get_running_loop().create_task(render_now())
-        if rendering is not None:  # (shielded: a client leaving does not end it for the others)
-            await asyncio.shield(rendering)
+        if rendering is not None and not rendering.done():
+            await asyncio.shield(rendering)  # (a client leaving does not end it for the others)
+        if failed:
+            raise web.HTTPInternalServerError(text="the metrics could not be rendered\n")
         # (RENDERED_HEADER: when the figures were read, for a reader that needs them fresher)
         headers = {"Content-Type": CONTENT_TYPE_LATEST, RENDERED_HEADER: rendered_wall}
         return web.Response(body=rendered, headers=headers)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Iterator
 
 import uvloop
 from hypothesis import given, settings
@@ -202,3 +203,57 @@ def test_other_threads_get_the_interpreter_between_the_slices() -> None:
 
     assert asyncio.run(race()) == ["executor", "render"]
     assert uvloop.run(race()) == ["executor", "render"]
+
+
+def test_label_and_metric_names_outside_the_legacy_set_render_as_generate_latest_writes_them() -> (
+    None
+):
+    """A label name may not hold ``:`` (a metric name may): written as ``generate_latest`` does."""
+    registry = CollectorRegistry()
+    Gauge("g:with_colon", "g", ["a:b", "ok"], registry=registry).labels("1", "2").set(1)
+
+    class Custom:
+        def collect(self) -> list[object]:
+            family = GaugeMetricFamily("custom.dotted-name", "c", labels=["x.y", "1st"])
+            family.add_metric(["v", "w"], 2)
+            return [family]
+
+    registry.register(Custom())  # type: ignore[arg-type]
+    assert rendered(registry) == generate_latest(registry)
+
+
+def test_a_metric_class_with_a_collect_of_its_own_is_read_through_it() -> None:
+    class Filtered(Gauge):
+        def collect(self) -> list[object]:  # type: ignore[override]
+            (family,) = super().collect()
+            family.samples = [s for s in family.samples if s.labels["tenant"] != "secret"]
+            return [family]
+
+    registry = CollectorRegistry()
+    gauge = Filtered("g", "g", ["tenant"], registry=registry)
+    gauge.labels("public").set(1)
+    gauge.labels("secret").set(2)
+    assert b"secret" not in rendered(registry)
+    assert rendered(registry) == generate_latest(registry)
+
+
+def test_the_loop_is_given_away_between_the_families_of_a_collector() -> None:
+    """A collector's families are made one by one (its ``collect()`` a generator): a slice can
+    end after each, however few samples it holds."""
+
+    class ManyFamilies:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            for n in range(10):
+                family = GaugeMetricFamily(f"family_{n}", "f")
+                family.add_metric([], n)
+                yield family
+
+    registry = CollectorRegistry()
+    registry.register(ManyFamilies())  # type: ignore[arg-type]
+    pauses = []
+
+    async def pause() -> None:
+        pauses.append(1)
+
+    assert rendered(registry, Slices(pause, slice_s=0.0)) == generate_latest(registry)
+    assert len(pauses) >= 10

@@ -12,6 +12,7 @@ import pytest
 import uvloop
 from prometheus_client import CollectorRegistry, Counter
 
+from bridge.core.slices import Slices
 from bridge.ops import health
 from bridge.ops.health import health_app, start_health_server
 
@@ -125,9 +126,9 @@ def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_s
     renders = []
     real = health.render
 
-    async def counted(registry: CollectorRegistry) -> tuple[bytes, float]:
+    async def counted(registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
         renders.append(1)
-        return await real(registry)
+        return await real(registry, slices)
 
     monkeypatch.setattr(health, "render", counted)
 
@@ -149,9 +150,9 @@ def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.Monk
     renders = []
     real = health.render
 
-    async def counted(registry: CollectorRegistry) -> tuple[bytes, float]:
+    async def counted(registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
         renders.append(time.monotonic())
-        return await real(registry)
+        return await real(registry, slices)
 
     monkeypatch.setattr(health, "render", counted)
     monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.2)
@@ -208,7 +209,7 @@ def test_requests_during_a_render_share_it_and_a_client_leaving_does_not_end_it(
         renders.clear()  # (each event loop's run on its own)
         go = asyncio.Event()
 
-        async def slow(_registry: CollectorRegistry) -> tuple[bytes, float]:
+        async def slow(_registry: CollectorRegistry, _slices: Slices) -> tuple[bytes, float]:
             renders.append(1)
             await go.wait()
             return b"figures %d\n" % len(renders), 0.0
@@ -232,8 +233,9 @@ def test_renders_take_at_most_their_share_of_the_loop(monkeypatch: pytest.Monkey
     s, however often the clients ask; once that time has passed, the next request renders."""
     renders: list[float] = []
 
-    async def held(_registry: CollectorRegistry) -> tuple[bytes, float]:
+    async def held(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
         renders.append(time.monotonic())
+        slices._held = 0.1  # (what it held the loop for)
         return b"figures %d\n" % len(renders), 0.1
 
     monkeypatch.setattr(health, "render", held)
@@ -254,26 +256,66 @@ def test_renders_take_at_most_their_share_of_the_loop(monkeypatch: pytest.Monkey
     serve(check)
 
 
-def test_a_failed_render_answers_an_error_and_the_next_request_renders_again(
+def test_a_failed_render_answers_an_error_until_the_next_render_and_counts_in_the_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = []
+    """A render that fails after holding the loop for 0.03 s: every request until the next render
+    is answered 500 (never an empty or older answer), the next render starts no sooner than 0.03
+    / RENDER_SHARE = 0.3 s later (failing renders take no more of the loop than good ones), and
+    it is answered then."""
+    calls: list[float] = []
 
-    async def flaky(_registry: CollectorRegistry) -> tuple[bytes, float]:
-        calls.append(1)
+    async def flaky(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+        calls.append(time.monotonic())
         if len(calls) == 1:
+            slices._held = 0.03  # (what the failed render held the loop for)
             raise RuntimeError("a collector failed")
         return b"figures\n", 0.0
 
     monkeypatch.setattr(health, "render", flaky)
+    monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.01)
 
     async def check(port: int) -> None:
         calls.clear()  # (each event loop's run on its own)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        assert (await reader.readline()).startswith(b"HTTP/1.1 500")
-        writer.close()
+        started = time.monotonic()
+        statuses = []
+        while time.monotonic() - started < 0.2:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            statuses.append((await reader.readline()).split(b" ")[1])
+            writer.close()
+            await asyncio.sleep(0.01)
+        assert set(statuses) == {b"500"} and len(calls) == 1
+        while time.monotonic() - started < 0.3 + 0.02:
+            await asyncio.sleep(0.01)
         assert await get_metrics(port) == b"figures\n"
+        assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
         assert await healthz(port) == b"HTTP/1.1 200 OK"
+
+    serve(check)
+
+
+def test_a_render_that_held_the_loop_very_long_delays_the_next_no_more_than_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wall time held is inflated by a pause of the whole process: the next render comes no later
+    than MAX_SPACING_S after the last one started, whatever it held."""
+    renders: list[float] = []
+
+    async def held(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+        renders.append(time.monotonic())
+        slices._held = 3600.0  # (what it held the loop for, a pause of the process included)
+        return b"figures %d\n" % len(renders), 3600.0
+
+    monkeypatch.setattr(health, "render", held)
+    monkeypatch.setattr(health, "MAX_SPACING_S", 0.3)
+
+    async def check(port: int) -> None:
+        renders.clear()  # (each event loop's run on its own)
+        assert await get_metrics(port) == b"figures 1\n"
+        await asyncio.sleep(0.1)
+        assert await get_metrics(port) == b"figures 1\n"
+        await asyncio.sleep(0.25)
+        assert await get_metrics(port) == b"figures 2\n"
 
     serve(check)
