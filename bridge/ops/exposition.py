@@ -36,36 +36,33 @@ _CHECK_EVERY: Final = 32
 """Samples written between two looks at the clock."""
 _OPENMETRICS_SUFFIXES: Final = ("_created", "_gsum", "_gcount")
 """Samples the text format shows as a gauge family of their own, after their family."""
-_TYPES: Final = {
-    "counter": "counter",
-    "gauge": "gauge",
-    "histogram": "histogram",
-    "summary": "summary",
+_SHOWN_SUFFIX: Final = {"counter": "_total", "info": "_info"}
+"""What the text format adds to the name of a family of these types."""
+_SHOWN_TYPE: Final = {
     "info": "gauge",
     "stateset": "gauge",
     "gaugehistogram": "histogram",
     "unknown": "untyped",
 }
+"""The text format's type of these OpenMetrics types (the others are their own)."""
 _INVALID_NAME_CHARACTER = re.compile(r"[^a-zA-Z0-9_:]")
-_INVALID_LABEL_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")
+_INVALID_LABEL_CHARACTER = re.compile(r"[^a-zA-Z0-9_]")  # (no ":" in a label name)
 
 _Sample = tuple[str, dict[str, str], float, Any]  # name, labels, value, timestamp
 
 
-async def render(registry: CollectorRegistry, slices: Slices | None = None) -> tuple[bytes, float]:
-    """The text exposition of ``registry`` (what ``generate_latest(registry)`` returns), and the
-    seconds the rendering held the loop (its slices, not the waits between them)."""
+async def render(registry: CollectorRegistry, slices: Slices | None = None) -> bytes:
+    """The text exposition of ``registry`` (what ``generate_latest(registry)`` returns), written
+    in ``slices`` (whose ``held`` then says how long it held the loop)."""
     slices = slices or Slices()
     output: list[str] = []
     written = 0
     for collector in _collectors(registry):
         for name, documentation, kind, samples in _families(collector):
-            shown_name = name + "_total" if kind == "counter" else name
-            if kind == "info":
-                shown_name = name + "_info"
+            shown_name = _name(name + _SHOWN_SUFFIX.get(kind, ""))
             help_text = _help(documentation)
-            output.append(f"# HELP {_name(shown_name)} {help_text}\n")
-            output.append(f"# TYPE {_name(shown_name)} {_TYPES.get(kind, kind)}\n")
+            output.append(f"# HELP {shown_name} {help_text}\n")
+            output.append(f"# TYPE {shown_name} {_SHOWN_TYPE.get(kind, kind)}\n")
             apart = {name + suffix: suffix for suffix in _OPENMETRICS_SUFFIXES}
             trailing: dict[str, list[str]] = {}
             for sample_name, labels, value, timestamp in samples:
@@ -83,7 +80,7 @@ async def render(registry: CollectorRegistry, slices: Slices | None = None) -> t
                 output.append(f"# TYPE {_name(name + suffix)} gauge\n")
                 output.extend(lines)
             await slices.after_piece()  # (a collector's families are made one by one)
-    return "".join(output).encode("utf-8"), slices.held
+    return "".join(output).encode("utf-8")
 
 
 def _collectors(registry: CollectorRegistry) -> list[Collector]:
@@ -134,7 +131,10 @@ def _line(name: str, labels: dict[str, str], value: float, timestamp: Any) -> st
     if labels:
         shown = (
             "{"
-            + ",".join(f'{_label_name(k)}="{_label_value(v)}"' for k, v in sorted(labels.items()))
+            + ",".join(
+                f'{_name(k, _INVALID_LABEL_CHARACTER)}="{_label_value(v)}"'
+                for k, v in sorted(labels.items())
+            )
             + "}"
         )
     stamp = "" if timestamp is None else f" {int(float(timestamp) * 1000):d}"
@@ -142,20 +142,13 @@ def _line(name: str, labels: dict[str, str], value: float, timestamp: Any) -> st
     return f"{_name(name)}{shown} {number}{stamp}\n"
 
 
-def _name(name: str) -> str:
-    """A metric or label name in the legacy character set (the bridge's all are): others get
-    ``_`` for each character outside it, as ``generate_latest`` writes them by default."""
-    if not _INVALID_NAME_CHARACTER.search(name) and not name[:1].isdigit():
+def _name(name: str, invalid: re.Pattern[str] = _INVALID_NAME_CHARACTER) -> str:
+    """A metric name (or with ``invalid`` the label pattern, a label name) in the legacy character
+    set (the bridge's all are): others get ``_`` for each character outside it and for a leading
+    digit, as ``generate_latest`` writes them by default."""
+    if not invalid.search(name) and not name[:1].isdigit():
         return name
-    shown = _INVALID_NAME_CHARACTER.sub("_", name)
-    return "_" + shown[1:] if shown[:1].isdigit() else shown
-
-
-def _label_name(name: str) -> str:
-    """A label name in the legacy character set (no ``:``, unlike a metric name), as ``_name``."""
-    if not _INVALID_LABEL_CHARACTER.search(name) and not name[:1].isdigit():
-        return name
-    shown = _INVALID_LABEL_CHARACTER.sub("_", name)
+    shown = invalid.sub("_", name)
     return "_" + shown[1:] if shown[:1].isdigit() else shown
 
 

@@ -86,7 +86,7 @@ def health_app(
         slices = Slices()
         failed = True
         try:
-            rendered, _held = await render(registry, slices)
+            rendered = await render(registry, slices)
             rendered_wall, failed = wall, False
         except Exception:
             log.exception("metrics.render_failed")

@@ -31,8 +31,7 @@ from bridge.ops.metrics import Metrics, status_class
 
 
 def rendered(registry: CollectorRegistry, slices: Slices | None = None) -> bytes:
-    text, _held = asyncio.run(render(registry, slices))
-    return text
+    return asyncio.run(render(registry, slices))
 
 
 def bridge_registry(webhooks: int) -> CollectorRegistry:
@@ -177,7 +176,9 @@ def test_what_the_render_held_the_loop_for_excludes_the_turns_given_away() -> No
     async def pause() -> None:
         now[0] += 10.0  # the loop away for 10 s
 
-    text, held = asyncio.run(render(registry, Slices(pause, clock, slice_s=0.0)))
+    slices = Slices(pause, clock, slice_s=0.0)
+    text = asyncio.run(render(registry, slices))
+    held = slices.held
     assert text == generate_latest(registry)
     assert 0 < held < 10.0
 

@@ -126,7 +126,7 @@ def test_a_connection_sending_past_its_byte_bound_is_closed_and_unread_answers_s
     renders = []
     real = health.render
 
-    async def counted(registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+    async def counted(registry: CollectorRegistry, slices: Slices) -> bytes:
         renders.append(1)
         return await real(registry, slices)
 
@@ -150,7 +150,7 @@ def test_metrics_are_rendered_at_most_once_per_interval(monkeypatch: pytest.Monk
     renders = []
     real = health.render
 
-    async def counted(registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+    async def counted(registry: CollectorRegistry, slices: Slices) -> bytes:
         renders.append(time.monotonic())
         return await real(registry, slices)
 
@@ -209,10 +209,10 @@ def test_requests_during_a_render_share_it_and_a_client_leaving_does_not_end_it(
         renders.clear()  # (each event loop's run on its own)
         go = asyncio.Event()
 
-        async def slow(_registry: CollectorRegistry, _slices: Slices) -> tuple[bytes, float]:
+        async def slow(_registry: CollectorRegistry, _slices: Slices) -> bytes:
             renders.append(1)
             await go.wait()
-            return b"figures %d\n" % len(renders), 0.0
+            return b"figures %d\n" % len(renders)
 
         monkeypatch.setattr(health, "render", slow)
         leaving = asyncio.create_task(get_metrics(port))
@@ -233,10 +233,10 @@ def test_renders_take_at_most_their_share_of_the_loop(monkeypatch: pytest.Monkey
     s, however often the clients ask; once that time has passed, the next request renders."""
     renders: list[float] = []
 
-    async def held(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+    async def held(_registry: CollectorRegistry, slices: Slices) -> bytes:
         renders.append(time.monotonic())
         slices._held = 0.1  # (what it held the loop for)
-        return b"figures %d\n" % len(renders), 0.1
+        return b"figures %d\n" % len(renders)
 
     monkeypatch.setattr(health, "render", held)
     monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.05)
@@ -265,12 +265,12 @@ def test_a_failed_render_answers_an_error_until_the_next_render_and_counts_in_th
     it is answered then."""
     calls: list[float] = []
 
-    async def flaky(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+    async def flaky(_registry: CollectorRegistry, slices: Slices) -> bytes:
         calls.append(time.monotonic())
         if len(calls) == 1:
             slices._held = 0.1  # (what the failed render held the loop for)
             raise RuntimeError("a collector failed")
-        return b"figures\n", 0.0
+        return b"figures\n"
 
     monkeypatch.setattr(health, "render", flaky)
     monkeypatch.setattr(health, "METRICS_MAX_AGE_S", 0.01)
@@ -301,10 +301,10 @@ def test_a_render_that_held_the_loop_very_long_delays_the_next_no_more_than_the_
     than MAX_SPACING_S after the last one started, whatever it held."""
     renders: list[float] = []
 
-    async def held(_registry: CollectorRegistry, slices: Slices) -> tuple[bytes, float]:
+    async def held(_registry: CollectorRegistry, slices: Slices) -> bytes:
         renders.append(time.monotonic())
         slices._held = 3600.0  # (what it held the loop for, a pause of the process included)
-        return b"figures %d\n" % len(renders), 3600.0
+        return b"figures %d\n" % len(renders)
 
     monkeypatch.setattr(health, "render", held)
     monkeypatch.setattr(health, "MAX_SPACING_S", 1.0)
