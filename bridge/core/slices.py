@@ -35,6 +35,15 @@ async def _give_way() -> None:
     await asyncio.sleep(GAP_S)
 
 
+async def turn() -> None:
+    """A pause that is one turn of the loop (``asyncio.sleep(0)``): the callbacks and the I/O
+    ready by then run before the work goes on. For work that no thread waits on, whose only cost
+    to the others is the loop it holds (the consume loop's batches: the consumer's thread has no
+    call in flight while a batch is taken), where a wait of :data:`GAP_S` would leave the loop
+    idle when nothing else is ready."""
+    await asyncio.sleep(0)
+
+
 class Slices:
     """Call :meth:`after_piece` after each piece of a long piece of work: once the current slice
     has lasted :data:`SLICE_S`, it gives the loop away (``pause``: a wait of :data:`GAP_S`).
@@ -52,13 +61,16 @@ class Slices:
         self._started = clock()
         self._held = 0.0
 
-    async def after_piece(self) -> None:
-        """Give the loop away if the current slice has lasted long enough."""
+    async def after_piece(self) -> bool:
+        """Give the loop away if the current slice has lasted long enough; whether it did (what
+        the work read before may have changed meanwhile)."""
         elapsed = self._clock() - self._started
-        if elapsed >= self._slice_s:
-            self._held += elapsed
-            await self._pause()
-            self._started = self._clock()
+        if elapsed < self._slice_s:
+            return False
+        self._held += elapsed
+        await self._pause()
+        self._started = self._clock()
+        return True
 
     @property
     def held(self) -> float:

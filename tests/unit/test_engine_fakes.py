@@ -13,6 +13,7 @@ short delay and records how many requests were open at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 from collections import Counter
@@ -32,6 +33,7 @@ from bridge.core.envelope import PendingDelivery, SourceRef, delay_headers, head
 from bridge.core.settings import Config, DeliveryConfig, RetryConfig, TopicsConfig
 from bridge.core.signing import message_id
 from bridge.core.webhook import Secret, Webhook
+from bridge.engine import pipeline as pipeline_module
 from bridge.engine import rebalance as rebalance_module
 from bridge.engine.clock import now_ms
 from bridge.engine.dispatch import PARK_GROUP
@@ -293,6 +295,15 @@ def run_engine(
     return run
 
 
+@pytest.fixture(params=["default slices", "a slice per record"])
+def slicing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The engine with its batches taken in slices of the default length, and with a turn of the
+    loop after every record (every record of a batch taken after the loop ran others' work)."""
+    if request.param == "a slice per record":
+        monkeypatch.setattr(pipeline_module, "BATCH_SLICE_S", 0.0)
+    return str(request.param)
+
+
 def _pairs(run: Run) -> set[str]:
     by_account: dict[str, list[str]] = {}
     for webhook in run.webhooks:
@@ -305,7 +316,7 @@ def _pairs(run: Run) -> set[str]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int) -> None:
+def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int, slicing: str) -> None:
     """Random fan-outs from 0 to 12 per record, the limit 8: in flight (deliveries started and
     not finished) stays within the limit, except while one record whose fan-out alone exceeds it
     goes alone; every pair is received; the stored offset reaches the end."""
@@ -356,7 +367,7 @@ def test_in_flight_never_exceeds_the_limit_whatever_the_fan_out(seed: int) -> No
     assert run.consumer.calls_off_thread == 0, "every consumer call on the consumer's thread"
 
 
-def test_the_whole_ladder_ends_in_the_dead_letters_and_the_commit_moves() -> None:
+def test_the_whole_ladder_ends_in_the_dead_letters_and_the_commit_moves(slicing: str) -> None:
     """A webhook that always answers 503 goes through every rung (first attempt and two retries)
     into the dead letters; one that fails twice then answers is received on its third attempt;
     every offset of the source and of each rung is stored."""
@@ -591,7 +602,9 @@ HOSTILE_HEADERS: list[dict[str, bytes]] = [
 ]
 
 
-def test_hostile_retry_records_are_dead_lettered_or_delivered_and_every_commit_moves() -> None:
+def test_hostile_retry_records_are_dead_lettered_or_delivered_and_every_commit_moves(
+    slicing: str,
+) -> None:
     """Forged or corrupt delay-topic records among good ones: each malformed one is a
     ``malformed_retry_record`` dead letter, one due a year ahead (no rung writes that) is
     taken now, parking records carrying three webhooks each wait for room for all three (in
@@ -839,3 +852,86 @@ def test_a_delivery_waiting_for_a_slot_is_made_with_the_configuration_in_force_w
         )
         assert urls == ["https://acct-0.example/hook"], "no request after the reload"
         assert [h["bridge-reason"] for h in letters] == [reason] * 3
+
+
+class Turns:
+    """Counts the turns of the event loop from the first record taken: a task that counts and
+    yields, started by the first call of the engine's intake (whose calls it records)."""
+
+    def __init__(self, run: Run, on_turn: Callable[[int], None] = lambda _n: None) -> None:
+        self.count = 0
+        self.at_record: list[int] = []  # the count when each source record was taken
+        self.task: asyncio.Task[None] | None = None
+        self.on_turn = on_turn
+        intake = run.pipeline.intake
+        original = intake.source
+
+        async def source(*args: Any) -> Any:
+            if self.task is None:
+                self.task = asyncio.get_running_loop().create_task(self.ticking())
+            self.at_record.append(self.count)
+            return await original(*args)
+
+        intake.source = source  # type: ignore[method-assign]
+
+    async def ticking(self) -> None:
+        while True:
+            self.count += 1
+            self.on_turn(self.count)
+            await asyncio.sleep(0)
+
+
+def test_a_batch_is_taken_with_a_turn_of_the_loop_between_its_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """300 source records fetched in one batch, a slice per record: the loop turns (other tasks,
+    answers, deliveries run) between every two records taken, and every pair is delivered once.
+    Before slices a batch was taken in one piece of the loop whatever its size."""
+    monkeypatch.setattr(pipeline_module, "BATCH_SLICE_S", 0.0)
+    records = 300
+    turns: list[Turns] = []
+
+    def done(run: Run) -> bool:
+        return run.consumer.stored.get(("src", 0)) == records
+
+    run = run_engine(
+        21,
+        2000,
+        {"acct": 1},
+        records,
+        lambda _id, _seen: 200,
+        done,
+        lambda run: turns.append(Turns(run)),
+    )
+    seen = turns[0].at_record
+    assert len(seen) == records
+    assert all(b > a for a, b in itertools.pairwise(seen)), "a turn between each two records"
+    assert sorted(run.sender.received) == sorted(_pairs(run))
+
+
+def test_a_stop_during_a_batch_takes_no_more_of_it_and_commits_only_what_was_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop requested while the loop turns between two slices of a 300-record batch: no record
+    after that turn is taken, every record taken is delivered, and the commit stops at the last
+    one taken (the rest is delivered by whoever consumes the partition next)."""
+    monkeypatch.setattr(pipeline_module, "BATCH_SLICE_S", 0.0)
+    records = 300
+    turns: list[Turns] = []
+
+    def prepare(run: Run) -> None:
+        def on_turn(count: int) -> None:
+            if count == 20:
+                run.pipeline.stopping = True
+
+        turns.append(Turns(run, on_turn))
+
+    def done(run: Run) -> bool:
+        return run.pipeline.stopping and len(run.sender.received) == len(turns[0].at_record)
+
+    run = run_engine(22, 2000, {"acct": 1}, records, lambda _id, _seen: 200, done, prepare)
+    taken = len(turns[0].at_record)
+    assert 0 < taken < records
+    assert taken <= 21, "no record taken after the turn that stopped the engine"
+    assert len(run.sender.received) == taken
+    assert run.consumer.stored[("src", 0)] == taken

@@ -10,7 +10,7 @@ import time
 import pytest
 import uvloop
 
-from bridge.core.slices import GAP_S, Slices
+from bridge.core.slices import GAP_S, Slices, turn
 
 
 def test_a_slice_ends_once_it_has_lasted_its_time_and_held_counts_only_the_slices() -> None:
@@ -24,16 +24,38 @@ def test_a_slice_ends_once_it_has_lasted_its_time_and_held_counts_only_the_slice
         pauses.append(now[0])
         now[0] += 10.0  # the loop away for 10 s: not held
 
+    gave: list[bool] = []
+
     async def work() -> float:
         slices = Slices(pause, clock, slice_s=0.0015)
         for _ in range(10):
             now[0] += 0.001  # a piece of 1 ms
-            await slices.after_piece()
+            gave.append(await slices.after_piece())
         return slices.held
 
     held = asyncio.run(work())
     assert len(pauses) == 5  # every second piece ends a slice
+    assert gave == [False, True] * 5, "after_piece says when it gave the loop away"
     assert held == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_turn_runs_what_is_ready_without_waiting(run: object) -> None:
+    """``turn`` (the consume loop's pause between slices of a batch): a task made ready before
+    it runs before the work goes on."""
+
+    async def one_turn() -> list[str]:
+        order: list[str] = []
+
+        async def other() -> None:
+            order.append("other")
+
+        asyncio.get_running_loop().create_task(other())
+        await turn()
+        order.append("work")
+        return order
+
+    assert run(one_turn()) == ["other", "work"]  # type: ignore[operator]
 
 
 def test_the_default_pause_waits_rather_than_only_turning_the_loop() -> None:
