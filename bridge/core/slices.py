@@ -35,15 +35,6 @@ async def _give_way() -> None:
     await asyncio.sleep(GAP_S)
 
 
-async def turn() -> None:
-    """A pause that is one turn of the loop (``asyncio.sleep(0)``): the callbacks and the I/O
-    ready by then run before the work goes on. For work that no thread waits on, whose only cost
-    to the others is the loop it holds (the consume loop's batches: the consumer's thread has no
-    call in flight while a batch is taken), where a wait of :data:`GAP_S` would leave the loop
-    idle when nothing else is ready."""
-    await asyncio.sleep(0)
-
-
 class Slices:
     """Call :meth:`after_piece` after each piece of a long piece of work: once the current slice
     has lasted :data:`SLICE_S`, it gives the loop away (``pause``: a wait of :data:`GAP_S`).

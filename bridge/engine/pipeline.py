@@ -18,10 +18,12 @@ partition is paused.
 Taking records is work on the event loop that every tenant's deliveries share: a batch of 500
 (a backlog, or the retries of a rung falling due together) costs tens of milliseconds to decode,
 match and dispatch. It is taken in slices of at most ``BATCH_SLICE_S`` (give or take one
-record), each followed by a turn of the loop (:mod:`bridge.core.slices`), so the answers and
-deliveries ready meanwhile are not held behind the rest of the batch. A stop that comes during a
-turn ends the batch there: what was not taken is not marked, and is delivered by whoever consumes
-the partition next.
+record), each followed by a wait of 1 ms (:mod:`bridge.core.slices`), so the answers and
+deliveries ready meanwhile are not held behind the rest of the batch. A wait, not only a turn of
+the loop: between slices that only turned it, the threads that need the interpreter's lock (the
+producer's, handing over the acknowledgements that finish retries and parks; the log writer;
+registry lookups) got it only once the whole batch was taken. A stop stops the taking: what was
+not taken is not marked, and is delivered by whoever consumes the partition next.
 
 This module only orchestrates the parts: :mod:`~bridge.engine.partition` (the state of each
 assigned partition), :mod:`~bridge.engine.rebalance` (partitions coming and going),
@@ -46,7 +48,7 @@ from confluent_kafka import KafkaError, Message
 from bridge.codec.decoding import Decoder
 from bridge.core.retry import RetryPolicy
 from bridge.core.settings import Config
-from bridge.core.slices import SLICE_S, Slices, turn
+from bridge.core.slices import SLICE_S, Slices
 from bridge.core.subscriptions import Subscriptions
 from bridge.core.webhook import Webhook
 from bridge.engine.attempt import Deliverer
@@ -66,7 +68,7 @@ from bridge.ops.status import STATUS_LIMIT, bounded
 log = logging.getLogger("bridge.engine.pipeline")
 
 FETCH_BATCH = 500
-BATCH_SLICE_S = SLICE_S  # the longest the taking of a batch holds the loop before a turn
+BATCH_SLICE_S = SLICE_S  # the longest the taking of a batch holds the loop before a wait
 IDLE_POLL_S = 0.05
 HAND_OFF_SHARE = 0.3  # of the shutdown grace kept for handing off, committing and closing
 
@@ -208,12 +210,12 @@ class Pipeline:
     async def _handle(self, messages: list[Message]) -> None:
         wall_ms = now_ms()
         self.last_message = time.monotonic()
-        slices = Slices(turn, slice_s=BATCH_SLICE_S)
+        slices = Slices(slice_s=BATCH_SLICE_S)
         for index, msg in enumerate(messages):
             if index and await slices.after_piece():
-                if self.stopping:  # stopped during the turn: what is left is not taken
-                    return
                 wall_ms = now_ms()
+            if self.stopping:  # (during a wait, or the fetch): the rest is not taken
+                return
             error = msg.error()
             if error is not None:
                 self._kafka_error(error)
@@ -270,21 +272,21 @@ class Pipeline:
         """Take the kept records of partitions whose hold expired, in order, until one is not
         due yet (which holds the partition again). A partition resumes, after what it kept, only
         once all of it was taken: a retry falling due costs no pause, seek and fetch of its own.
-        Taken in slices like a batch (a rung's retries fall due together)."""
+        Taken in slices like a batch (a rung's retries fall due together); a stop stops it."""
         wall_ms = now_ms()
-        slices = Slices(turn, slice_s=BATCH_SLICE_S)
+        slices = Slices(slice_s=BATCH_SLICE_S)
         for partition in self.partitions.keeping():
             waiting = partition.waiting
-            while waiting:
+            while waiting and not self.stopping:  # (stopped: the rest stays kept)
                 if not self.intake.retry(waiting[0], partition, wall_ms):  # not due, or no room
                     break
                 waiting.popleft()
                 if await slices.after_piece():
-                    if self.stopping:  # stopped during the turn: the rest stays kept
-                        return
                     wall_ms = now_ms()
             if not waiting:
                 partition.waiting = None
+            if self.stopping:
+                return
 
     # ---- shutdown ----------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import uvloop
 
-from bridge.core.slices import GAP_S, Slices, turn
+from bridge.core.slices import GAP_S, Slices
 
 
 def test_a_slice_ends_once_it_has_lasted_its_time_and_held_counts_only_the_slices() -> None:
@@ -37,25 +37,6 @@ def test_a_slice_ends_once_it_has_lasted_its_time_and_held_counts_only_the_slice
     assert len(pauses) == 5  # every second piece ends a slice
     assert gave == [False, True] * 5, "after_piece says when it gave the loop away"
     assert held == pytest.approx(0.010)
-
-
-@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
-def test_a_turn_runs_what_is_ready_without_waiting(run: object) -> None:
-    """``turn`` (the consume loop's pause between slices of a batch): a task made ready before
-    it runs before the work goes on."""
-
-    async def one_turn() -> list[str]:
-        order: list[str] = []
-
-        async def other() -> None:
-            order.append("other")
-
-        asyncio.get_running_loop().create_task(other())
-        await turn()
-        order.append("work")
-        return order
-
-    assert run(one_turn()) == ["other", "work"]  # type: ignore[operator]
 
 
 def test_the_default_pause_waits_rather_than_only_turning_the_loop() -> None:
