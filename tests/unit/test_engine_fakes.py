@@ -980,22 +980,6 @@ def test_a_stop_during_a_batch_takes_no_more_of_it_and_commits_only_what_was_tak
     assert run.consumer.stored[("src", 0)] == taken
 
 
-def _due_soon(run: Run, index: int, due_ms: int) -> None:
-    """A rung-1 record to ``acct-0``, due at ``due_ms``."""
-    delivery = PendingDelivery(
-        webhook_id="acct-0",
-        message_id=message_id(f"kept-{index}", SUCCESS, "acct-0"),
-        event=SUCCESS,
-        transaction_id=f"kept-{index}",
-        body=b'{"kept": true}',
-        attempt=1,
-        source=SourceRef("src", 0, 10_000 + index, 1),
-        due_ms=due_ms,
-        account="acct",
-    )
-    run.kafka.append("src.retry.1", delivery.body, None, list(delay_headers(delivery)))
-
-
 def test_a_stop_while_kept_retries_are_taken_keeps_the_rest_and_commits_what_was_taken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1009,9 +993,9 @@ def test_a_stop_while_kept_retries_are_taken_keeps_the_rest_and_commits_what_was
     partitions: list[Any] = []
 
     def prepare(run: Run) -> None:
-        due = now_ms() + 300
+        due = str(now_ms() + 300).encode()
         for index in range(kept):
-            _due_soon(run, index, due)
+            _retry_record(run, index, account="acct", bridge_due_ms=due)
         intake = run.pipeline.intake
         original = intake.retry
 
