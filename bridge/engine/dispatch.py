@@ -40,14 +40,17 @@ class InFlight:
     At the limit no more records are taken until a quarter of the limit is free again
     (back-pressure), so turns of the consume loop do not crawl one record at a time."""
 
-    __slots__ = ("_metrics", "_room_freed", "backpressure", "count", "limit")
+    __slots__ = ("_room_freed", "backpressure", "count", "limit")
 
     def __init__(self, limit: int, metrics: Metrics) -> None:
         self.limit = limit
         self.count = 0  # deliveries spawned and not finished, counted when spawned
         self.backpressure = False
-        self._metrics = metrics
         self._room_freed: asyncio.Event | None = None
+        metrics.in_flight.set_function(self._count)  # read at a scrape, nothing per delivery
+
+    def _count(self) -> float:
+        return self.count
 
     def room(self) -> int:
         """How many deliveries the next turn may start (records are fetched up to that many and
@@ -83,12 +86,10 @@ class InFlight:
     def started(self) -> None:
         """One more delivery in flight."""
         self.count += 1
-        self._metrics.in_flight.inc()
 
     def ended(self, _task: asyncio.Task[None]) -> None:
         """A delivery's task is done (the done-callback of :meth:`started`'s task)."""
         self.count -= 1
-        self._metrics.in_flight.dec()
         freed = self._room_freed
         if freed is not None and self.count <= self.limit * RESUME_FRACTION:
             freed.set()

@@ -40,6 +40,7 @@ from bridge.engine.dispatch import PARK_GROUP
 from bridge.engine.pipeline import Pipeline
 from bridge.http.sender import DeliveryRequest, Outcome
 from bridge.kafka.producer import ProduceError, RecordTooLargeError
+from bridge.ops import metrics as metrics_module
 from bridge.ops.metrics import Metrics
 from devtools.samples import make_record
 
@@ -399,6 +400,40 @@ def test_the_whole_ladder_ends_in_the_dead_letters_and_the_commit_moves(slicing:
     assert stored[("src", 0)] == len(run.records)
     for rung in ("src.retry.1", "src.retry.2"):
         assert stored[(rung, 0)] == len(run.kafka.topics[rung]) == 2 * len(run.records)
+
+
+def test_series_recorded_without_a_lock_are_written_on_the_event_loop_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hot path's series take no lock (``metrics._LoopValue``), which is right only while one
+    thread writes them: through received, retried and dead-lettered deliveries (the consumer's
+    calls on a thread of their own), every write is on the thread that runs the event loop."""
+    writers: Counter[int] = Counter()
+    write = metrics_module._LoopValue.inc
+
+    def counted(value: Any, amount: float) -> None:
+        writers[threading.get_ident()] += 1
+        write(value, amount)
+
+    monkeypatch.setattr(metrics_module._LoopValue, "inc", counted)
+
+    failing: set[str] = set()  # acct-0's deliveries: every attempt answered 503
+
+    def done(run: Run) -> bool:
+        if not failing:
+            failing.update(
+                message_id(str(r["transactionId"]), SUCCESS, "acct-0") for r in run.records
+            )
+        return len(run.kafka.topics.get("transactions.outcomes.dlq", [])) == len(run.records)
+
+    run = run_engine(11, 20, {"acct": 2}, 8, lambda i, _seen: 503 if i in failing else 200, done)
+    consumer = run.consumer.thread
+    assert consumer is not None and consumer.ident != threading.get_ident(), "a second thread"
+    assert set(writers) == {threading.get_ident()}, "every write on the loop's thread"
+    registry = run.pipeline.metrics.registry
+    labels = {"webhook": "acct-1", "outcome": "received", "status_class": "2xx"}
+    assert registry.get_sample_value("bridge_deliveries_total", labels) == len(run.records)
+    assert sum(writers.values()) >= 4 * len(run.records)
 
 
 def test_a_poison_record_is_dead_lettered_and_the_commit_moves_past_it() -> None:

@@ -7,15 +7,20 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from prometheus_client import CollectorRegistry, generate_latest
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as PromCounter
 
 from bridge.kafka.lag import Reading
 from bridge.ops.metrics import (
+    END_TO_END_BUCKETS,
     IDLE_AFTER_S,
     NO_WEBHOOK,
     OTHER,
     RECENT_FAILURE_S,
     RX_IDLE_LIMIT_US,
+    LoopCounter,
+    LoopHistogram,
     Metrics,
     status_class,
 )
@@ -87,6 +92,45 @@ def test_status_class() -> None:
     assert status_class(204) == "2xx"
     assert status_class(302) == "3xx"
     assert status_class(None, "timeout") == "timeout"
+
+
+def _samples(registry: CollectorRegistry) -> list[tuple[str, list[tuple[str, str]], float]]:
+    return sorted(
+        (sample.name, sorted(sample.labels.items()), sample.value)
+        for family in registry.collect()
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_loop_s_series_export_what_prometheus_client_s_own_would(seed: int) -> None:
+    """The lock-free counter and histogram of the hot path count exactly as prometheus_client's:
+    observations on a bound (in that bound's bucket), between bounds, at 0, beyond the last,
+    negative, infinite; by label set."""
+    rng = random.Random(seed)
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    metrics = [
+        (
+            kind("t_hist", "h", ["webhook"], buckets=END_TO_END_BUCKETS, registry=registry),
+            kind2("t_count", "c", ["outcome"], registry=registry),
+        )
+        for kind, kind2, registry in (
+            (Histogram, PromCounter, theirs),
+            (LoopHistogram, LoopCounter, ours),
+        )
+    ]
+    values = [*END_TO_END_BUCKETS, 0.0, -1.0, float("inf"), 1e9]
+    for _ in range(2000):
+        amount = rng.choice(values) if rng.random() < 0.5 else rng.uniform(-1, 2000)
+        webhook = rng.choice(["a", "b", "c"])
+        step = rng.choice([1, 1, 2.5, 0])
+        for histogram, counter in metrics:
+            histogram.labels(webhook).observe(amount)
+            counter.labels(webhook).inc(step)
+    assert _samples(ours) == _samples(theirs)
+    with pytest.raises(ValueError):
+        metrics[1][1].labels("a").inc(-1)
 
 
 def test_statistics_set_lag_and_committed_offsets_and_broker_state() -> None:

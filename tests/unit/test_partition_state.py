@@ -279,6 +279,7 @@ def test_deliveries_are_counted_in_flight_until_their_task_is_done() -> None:
         engine.answer.set()
         await asyncio.sleep(0.01)
         assert engine.in_flight.count == 0 and not state.tasks
+        assert engine.registry.get_sample_value("bridge_deliveries_in_flight") == 0, "read now"
         assert state.committable == 8 and state.dirty
 
     run(main())
