@@ -11,6 +11,10 @@ At 10,000 configured webhooks a scrape is about a hundred series plus two per as
 and at most about 30 more per tracked webhook: milliseconds to render with the default ten tracked
 webhooks, about 0.15-0.2 s with the most (1,000), so ``/metrics`` is written in slices that give
 the event loop back (:mod:`bridge.ops.exposition`).
+
+The series written per delivery or per record are written on the event loop's thread only, and
+take no lock (:class:`LoopCounter`, :class:`LoopHistogram`); the others may be written from the
+Kafka clients' threads and keep prometheus_client's.
 """
 
 from __future__ import annotations
