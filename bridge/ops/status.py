@@ -17,11 +17,12 @@ import io
 import json
 import math
 import socket
+import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from bridge.core.errors import clipped, printable
 
@@ -115,7 +116,7 @@ def fetch_status(base: str, timeout: float = 10.0) -> dict[str, Any]:
     is a StatusError of one line."""
     url = status_url(base)  # http or https only, never a file
     try:
-        return _get_json(url, time.monotonic() + timeout)
+        return _within(timeout, _get_json, url, time.monotonic() + timeout)
     except StatusError:
         raise
     except TimeoutError:
@@ -129,6 +130,31 @@ def fetch_status(base: str, timeout: float = 10.0) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise StatusError(f"{url} did not answer a bridge status: JSON nested too deep") from None
+
+
+def _within(timeout: float, call: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``call(*args)`` on a daemon thread, its result or its exception; TimeoutError when it has
+    not ended within ``timeout``. What the socket timeouts do not bound (resolving the host name:
+    the system's resolver has timeouts and retries of its own; a connect to each address it
+    gives, each allowed the whole timeout) cannot outlast the command's deadline: the thread is
+    left behind, and ends with the process."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call(*args)))
+        except BaseException as exc:  # (handed to the caller's thread)
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name="status-request", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        raise TimeoutError
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(dict[str, Any], value)
 
 
 def _get_json(url: str, deadline: float) -> dict[str, Any]:

@@ -382,6 +382,48 @@ def test_the_timeout_bounds_the_whole_request_of_a_trickling_server(
     assert err.startswith("error: ") and "within 1 s" in err
 
 
+def _timed_out(url: str) -> float:
+    """How long ``fetch_status(url, timeout=1)`` took to fail, saying the timeout."""
+    started = time.monotonic()
+    with pytest.raises(StatusError, match="within 1 s"):
+        fetch_status(url, timeout=1)
+    return time.monotonic() - started
+
+
+def test_the_timeout_bounds_a_host_name_that_never_resolves(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Name resolution has no timeout of its own (the system's resolver decides): a resolver
+    that never answers still ends the command at its timeout, with one line."""
+    released = threading.Event()
+
+    def never(*_args: Any, **_kwargs: Any) -> Any:
+        released.wait(30)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", never)
+    try:
+        took = _timed_out("http://status.bridge.internal:8080")
+        assert took < 1 + 0.5, f"a timeout of 1 s took {took:.1f} s"
+        assert (
+            main(["status", "--url", "http://status.bridge.internal:8080", "--timeout", "1"]) == 1
+        )
+    finally:
+        released.set()
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "within 1 s" in err and len(err.splitlines()) <= 2
+
+
+def test_a_failure_inside_the_request_reaches_the_caller_as_one_line() -> None:
+    """The request runs on a thread of its own: what fails there is the caller's error, as
+    before (a port nobody listens on)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    with pytest.raises(StatusError, match="cannot read"):
+        fetch_status(f"http://127.0.0.1:{port}", timeout=5)
+
+
 def test_ids_and_the_path_of_the_answer_write_no_control_sequence(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
