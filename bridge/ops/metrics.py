@@ -265,9 +265,8 @@ class _LoopValue:
     on the event loop only (attempts, records taken), and read there at a scrape as well."""
 
     __slots__ = ("_value",)
-    _multiprocess = False
 
-    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+    def __init__(self) -> None:
         self._value = 0.0
 
     def inc(self, amount: float) -> None:
@@ -275,9 +274,6 @@ class _LoopValue:
 
     def set(self, value: float, _timestamp: float | None = None) -> None:
         self._value = value
-
-    def set_exemplar(self, _exemplar: Any) -> None:
-        raise NotImplementedError("exemplars are not recorded on the loop's series")
 
     def get(self) -> float:
         return self._value
