@@ -21,9 +21,9 @@ a last line of defence every secret value the loader saw is masked in the messag
 Whatever the bytes, ``load_config`` returns a :class:`Config` or raises ConfigError, never anything
 else: files larger than :data:`CONFIG_FILE_LIMIT_BYTES`, text that is not UTF-8, nesting deeper
 than :data:`MAX_NESTING`, recursive aliases and alias "bombs" (aliases adding more than
-:data:`MAX_ALIAS_EXPANSION` nodes, or 10 times the document's own) are refused before any value is
-built, and an exception nobody foresaw becomes a ConfigError naming only its type (its message
-could hold a secret).
+:data:`MAX_ALIAS_EXPANSION` nodes, or 10 times the document's own) and more than :data:`MAX_NODES`
+nodes in all (the composers stop there) are refused before any value is built, and an exception
+nobody foresaw becomes a ConfigError naming only its type (its message could hold a secret).
 
 The YAML is composed by libyaml (PyYAML's C loader, :data:`FAST_YAML_LOADER`) when PyYAML has it,
 about ten times faster than PyYAML's pure-Python composer; a document libyaml might read otherwise
@@ -141,6 +141,12 @@ MAX_ALIAS_EXPANSION: Final = 100_000
 :data:`ALIAS_EXPANSION_FACTOR` times the document's own nodes when that is more."""
 
 ALIAS_EXPANSION_FACTOR: Final = 10
+
+MAX_NODES: Final = 3_000_000
+"""Most YAML nodes (each key, value and list item; an alias adds none) a configuration may have,
+in all its files: about 230,000 webhooks as usually written (13 nodes each; 100,000 make 1.3
+million). The file limit bounds bytes, not nodes: one-character list items make 30 million nodes
+from 64 MiB, about 10 GB once composed. The composers stop at the limit."""
 
 MAX_PROBLEMS: Final = 1000
 """At most this many problems are listed in one ConfigError (then a count of the rest)."""
@@ -1212,19 +1218,35 @@ class _YamlLoader(yaml.SafeLoader):
     """The safe loader, refusing nesting deeper than MAX_NESTING as it composes (the composer
     recurses once per level, so a deep document would otherwise end in a RecursionError)."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, budget: int = MAX_NODES) -> None:
         super().__init__(stream)
         self._depth = 0
+        self._budget = budget
+        self.nodes = 0  # made so far (an alias makes none)
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self._depth >= MAX_NESTING:
             event = self.peek_event()  # type: ignore[no-untyped-call]
             raise _TooDeep(event.start_mark.line + 1)
+        if not self.check_event(yaml.AliasEvent):
+            self.nodes += 1
+            if self.nodes > self._budget:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise _TooMany(event.start_mark.line + 1)
         self._depth += 1
         try:
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+class _TooMany(yaml.YAMLError):
+    """More than the nodes left of MAX_NODES while composing; ``line``: where the collection
+    being composed starts (libyaml gives its composer no mark of its own)."""
+
+    def __init__(self, line: int | None) -> None:
+        super().__init__(line)
+        self.line = line
 
 
 class _Declined(Exception):
@@ -1249,10 +1271,11 @@ if yaml.__with_libyaml__:
         nodes made (:attr:`nodes`: the graph's distinct nodes).
         """
 
-        def __init__(self, stream: str) -> None:
+        def __init__(self, stream: str, budget: int = MAX_NODES) -> None:
             super().__init__(stream)
             self._level = 0
             self.nodes = 0
+            self._budget = budget
             self._plain_tags: dict[str, str] = {}
             if self.yaml_path_resolvers:  # never set for this class; keep the general code exact
                 raise _Declined
@@ -1262,6 +1285,8 @@ if yaml.__with_libyaml__:
                 raise _Declined
             self._level += 1
             self.nodes += 1
+            if self.nodes > self._budget:  # (current_node: the collection composing it)
+                raise _TooMany(None if current_node is None else current_node.start_mark.line + 1)
 
         def ascend_resolver(self) -> None:
             self._level -= 1
@@ -1377,13 +1402,14 @@ def _libyaml_may_differ(text: str) -> bool:
     )
 
 
-def _compose_fast(text: str) -> tuple[bool, Node | None, int]:
+def _compose_fast(text: str, budget: int = MAX_NODES) -> tuple[bool, Node | None, int]:
     """``(True, root, nodes)`` when libyaml composed the document (``nodes``: how many distinct
     nodes it made), ``(False, None, 0)`` when the pure loader must: no libyaml, no line break at
     the end (there libyaml moves to a new line, so a value left empty at the end, as in ``? a``,
     would have its line one further), something libyaml may read otherwise
     (:func:`_libyaml_may_differ`), a character the pure reader refuses, or any libyaml
-    failure."""
+    failure. _TooMany past ``budget`` nodes (the pure loader would only stop there too, ten
+    times slower)."""
     loader_class = FAST_YAML_LOADER
     if (
         loader_class is None
@@ -1393,13 +1419,25 @@ def _compose_fast(text: str) -> tuple[bool, Node | None, int]:
     ):
         return False, None, 0
     try:
-        loader = loader_class(text)
+        loader = loader_class(text, budget)
         try:
             return True, loader.get_single_node(), loader.nodes
         finally:
             loader.dispose()
+    except _TooMany:
+        raise
     except Exception:  # its own words and marks differ: the pure loader says what is wrong
         return False, None, 0
+
+
+def _compose_pure(text: str, budget: int) -> tuple[Node | None, int]:
+    """The document composed by PyYAML's pure loader, and how many distinct nodes it made;
+    _TooMany past ``budget`` nodes."""
+    loader = _YamlLoader(text, budget)
+    try:
+        return loader.get_single_node(), loader.nodes
+    finally:
+        loader.dispose()
 
 
 def _decode(data: bytes) -> str:
@@ -1792,6 +1830,7 @@ class _Loader:
         self._context = b""
         # The outbound policy of the delivery section, and its verdict on each literal address.
         self._policy: tuple[DeliveryConfig, DestinationPolicy, dict[str, str | None]] | None = None
+        self._nodes_left = MAX_NODES  # of the configuration's files together
 
     @property
     def problems(self) -> list[str]:
@@ -2029,19 +2068,23 @@ class _Loader:
             return None
         parts.append(text[shape.end :])
         blanked = "".join(parts)
+        extra = sum(piece.noted[5] for piece in pieces.values())  # the nodes not composed
+        budget = self._nodes_left - extra  # (counted as the full compose counts them)
         try:
-            fast, root, nodes = _compose_fast(blanked)
+            if budget < 0:
+                raise _TooMany(None)
+            fast, root, nodes = _compose_fast(blanked, budget)
             if not fast:
-                root = yaml.compose(blanked, Loader=_YamlLoader)
-        except Exception:  # said as it should be by the full compose
+                root, made = _compose_pure(blanked, budget)
+        except Exception:  # (_TooMany too) said as it should be by the full compose
             return None
         items = agrees(root, shape, composed)
         if root is None or items is None:
             return None
-        if _may_start_token(blanked, "&"):
-            extra = sum(piece.noted[5] for piece in pieces.values())
-            if _shape_problem(root, extra, nodes if fast else None) is not None:
-                return None
+        counted = nodes if fast else None
+        if _may_start_token(blanked, "&") and _shape_problem(root, extra, counted) is not None:
+            return None
+        self._nodes_left = budget - (nodes if fast else made)
         self.remember_document_secrets(root)
         for piece in pieces.values():
             for secret in piece.noted[3]:
@@ -2076,10 +2119,13 @@ class _Loader:
     def compose_text(self, text: str) -> Node | None:
         """The YAML node graph of ``text``, checked (aliases, nesting), its secrets remembered;
         or None and a problem."""
-        composed, root, nodes = _compose_fast(text)
         try:
+            composed, root, nodes = _compose_fast(text, self._nodes_left)
             if not composed:
-                root = yaml.compose(text, Loader=_YamlLoader)
+                root, made = _compose_pure(text, self._nodes_left)
+        except _TooMany as exc:
+            self.too_many(exc)
+            return None
         except _TooDeep as exc:
             self.report(exc.line, f"invalid YAML: nested more than {MAX_NESTING} levels deep")
             return None
@@ -2098,6 +2144,7 @@ class _Loader:
         except RecursionError:
             self.report(None, "invalid YAML: nested too deeply")
             return None
+        self._nodes_left -= nodes if composed else made
         if root is None:
             return MappingNode(_MAP_TAG, [])
         # A tree (no anchor, so no alias) has no recursion and adds no nodes, and the composer
@@ -2111,6 +2158,14 @@ class _Loader:
             return None
         self.remember_document_secrets(root)
         return root
+
+    def too_many(self, exc: _TooMany) -> None:
+        """The problem of a configuration past MAX_NODES (its files together)."""
+        self.report(
+            exc.line,
+            f"invalid YAML: more than {MAX_NODES:,} nodes (keys, values and list items) in the "
+            "configuration; is it the configuration file?",
+        )
 
     @staticmethod
     def unknown(key: str, known: tuple[str, ...]) -> Callable[[], str]:

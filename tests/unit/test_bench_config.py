@@ -12,10 +12,12 @@ from bridge.core.errors import ConfigError
 from devtools.bench_config import (
     SECRET_ENV,
     SECRET_VALUE,
+    SIZES,
     config_text,
     scenario_config_load,
     write_config,
 )
+from tests.yaml_nodes import yaml_nodes
 
 ENVIRON = {SECRET_ENV: SECRET_VALUE}
 
@@ -74,6 +76,14 @@ def test_generated_files_take_the_libyaml_path() -> None:
 
     assert composed
     assert root is not None
+
+
+def test_the_largest_benchmarked_configuration_is_well_within_the_node_limit() -> None:
+    """The node limit refuses what no configuration of the scale the product is measured at
+    needs: the benchmark's largest size has well under two thirds of it."""
+    per_webhook = (yaml_nodes(config_text(2000)) - yaml_nodes(config_text(0))) / 2000
+    assert 10 < per_webhook < 20  # (the generated webhooks: 13 nodes each on average)
+    assert max(SIZES) * per_webhook < loader.MAX_NODES * 2 / 3
 
 
 def test_the_scenario_times_bridge_check_in_a_child(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from bridge.core.settings import (
 )
 from bridge.core.webhook import Secret, Webhook
 from tests.special_files import NOT_REGULAR, make_sparse, make_special
+from tests.yaml_nodes import yaml_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -944,6 +945,45 @@ def test_modest_sharing_through_aliases_is_fine(tmp_path: Path) -> None:
     assert [hook.id for hook in config.webhooks] == [f"hook-{n}" for n in range(2000)]
     assert {hook.url for hook in config.webhooks} == {"https://x.example/h"}
     assert time.perf_counter() - started < 20.0  # a guard against blow-ups, not a speed target
+
+
+def too_many(limit: int) -> str:
+    return (
+        f"invalid YAML: more than {limit:,} nodes (keys, values and list items) in the "
+        "configuration; is it the configuration file?"
+    )
+
+
+@pytest.mark.parametrize("ending", ["\n", ""], ids=["line-break-at-the-end", "none"])
+def test_a_configuration_of_as_many_nodes_as_the_limit_loads_and_one_more_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """The file limit bounds bytes, the node limit what they compose to. Without a line break at
+    the end the pure-Python composer reads the file, libyaml present or not."""
+    text = webhook_yaml(events="&events [transaction.success]") + "logging: {level: *events}\n"
+    text = text[:-1] + ending
+    nodes = yaml_nodes(text)  # (the alias adds none)
+    monkeypatch.setattr(loader, "MAX_NODES", nodes)
+    (problem,) = problems_of(write(tmp_path, text))
+    assert "logging" in problem  # composed whole: the level is a list, not a string
+    monkeypatch.setattr(loader, "MAX_NODES", nodes - 1)
+    assert only_problem(write(tmp_path, text)) == too_many(nodes - 1)
+
+
+@pytest.mark.parametrize("ending", ["\n", ""], ids=["line-break-at-the-end", "none"])
+@pytest.mark.parametrize("items", ["a, ", "{}, ", "[a], "])
+def test_a_flow_list_past_the_node_limit_is_refused_at_its_line_without_composing_it_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str, items: str
+) -> None:
+    """One-character items make a node for every two bytes (an 8 MiB list took the loader to
+    1.3 GB, 32 MiB to 5 GB): the composer stops where the limit is passed."""
+    monkeypatch.setattr(loader, "MAX_NODES", 1000)
+    head = webhook_yaml() + "retry:\n  attempts: 5\n"
+    text = head + "logging:\n  level: [" + items * 100_000 + "a]" + ending
+    started = time.process_time()
+    path = write(tmp_path, text)
+    assert problems_of(path) == [f"{path}:10: {too_many(1000)}"]
+    assert time.process_time() - started < 5.0  # a guard against composing it all, not a target
 
 
 def test_an_unexpected_exception_names_only_its_type(

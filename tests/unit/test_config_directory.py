@@ -18,6 +18,7 @@ from bridge.config.loader import load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import sha256_hex
 from tests.kubelet_volume import AtomicWriter
+from tests.yaml_nodes import yaml_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -266,6 +267,20 @@ def test_the_files_of_a_directory_share_the_size_limit(
     monkeypatch.setattr(loader, "CONFIG_FILE_LIMIT_BYTES", 500)
     (problem,) = problems_of(folder)
     assert problem.startswith(f"{folder / 'a.yaml'}: the file is larger than")
+
+
+def test_the_files_of_a_directory_share_the_node_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shops = hooks("shop-1", "shop-2")
+    folder = make(tmp_path / "conf.d", {"base.yaml": BASE, "shops.yaml": shops})
+    nodes = yaml_nodes(BASE) + yaml_nodes(shops)
+    monkeypatch.setattr(loader, "MAX_NODES", nodes)
+    assert [hook.id for hook in load_config(folder, {}).webhooks] == ["shop-1", "shop-2"]
+    monkeypatch.setattr(loader, "MAX_NODES", nodes - 1)
+    (problem,) = problems_of(folder)
+    assert problem.startswith(f"{folder / 'shops.yaml'}:")  # (where the nodes ran out)
+    assert f"more than {nodes - 1:,} nodes (keys, values and list items)" in problem
 
 
 def test_bridge_check_offline_reads_a_directory(

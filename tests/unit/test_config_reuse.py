@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import loader
 from bridge.config.digest import webhook_digest
 from bridge.config.loader import Reuse, load_config
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config
 from bridge.core.webhook import Webhook
 from devtools.bench_config import SECRET_ENV, SECRET_VALUE, config_text
+from tests.yaml_nodes import yaml_nodes
 
 KEY = b"k" * 32
 ENVIRON = {SECRET_ENV: SECRET_VALUE, "OTHER_SECRET": "https://hooks.shop-1.net/webhooks/7"}
@@ -486,3 +488,34 @@ def test_a_kept_webhooks_host_shown_holding_a_new_secret_is_refused(
     full = outcome(lambda: load_config(tmp_path / "bridge.yaml", ENVIRON))
     assert isinstance(full, list)
     assert any("webhook 'wh-000006': field 'url': holds a secret" in each for each in full)
+
+
+@pytest.mark.parametrize("short", [0, 1, 100, 300])
+def test_a_reload_counts_the_nodes_of_the_webhooks_it_keeps_from_their_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: int
+) -> None:
+    """The node limit holds alike with and without reuse: the webhooks kept from their text
+    count the nodes they were composed from, so a reload that composes only the new webhook is
+    refused where the full load is (with the same problem, wherever in the list the limit is
+    passed: before kept webhooks too), and accepted where it is."""
+    before = base_text(tmp_path / "secret")
+    after = before + (
+        "  - id: wh-new\n    account: acct_new\n    url: https://new.example/hook\n"
+        "    events: [transaction.failed]\n    secret: a-new-secret-0123456789\n"
+    )
+    limit = yaml_nodes(after) - short
+    kept = check_reuse(
+        before,
+        after,
+        ENVIRON,
+        tmp_path,
+        edit=lambda: monkeypatch.setattr(loader, "MAX_NODES", limit),
+    )
+    full = outcome(lambda: load_config(tmp_path / "bridge.yaml", ENVIRON))
+    if short == 0:
+        assert kept > 0 and isinstance(full, Config)
+        assert TEXT_LOADS[-1], "the reload composed only what it had not met"
+        return
+    assert kept == 0
+    assert isinstance(full, list) and len(full) == 1
+    assert f"more than {limit:,} nodes" in full[0]
