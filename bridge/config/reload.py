@@ -14,7 +14,9 @@ it holds are watched one by one, through their visible names, and so is a file n
 with a mistake: fixing it is a change). Only the content decides: a file touched but not changed is
 not reloaded. A change is loaded once the files have stayed the same for ``SETTLE_S`` (at most
 ``SETTLE_MAX_S`` after it was seen), so a file written in several steps, several times in a row, or
-a Kubernetes update (new files, ``..data`` swapped, names added and removed) is loaded once.
+a Kubernetes update (new files, ``..data`` swapped, names added and removed) is loaded once; a file
+written in place (its content changed under the same inode) for ``IN_PLACE_SETTLE_S``: what is
+there may be the first part of the new file (see :meth:`ConfigWatcher._settle`).
 
 A changed, valid configuration is handed to ``on_change``; an invalid one is logged and handed to
 ``on_error``, and the current one stays in force. While the file stays invalid it is loaded again
@@ -98,6 +100,8 @@ STAT_ON_LOOP = 16  # up to this many files, a poll's stat calls run on the event
 HASH_EVERY_S = 1.0  # every file hashed at least this often, whatever its ``stat`` says
 SETTLE_S = 0.05  # a change is loaded once the files stayed the same this long...
 SETTLE_MAX_S = 2.0  # ...or this long after it was seen, whichever comes first
+IN_PLACE_SETTLE_S = 0.5  # the same for a file written in place (its inode kept)...
+IN_PLACE_SETTLE_MAX_S = 5.0  # ...and its bound
 REJECTED_RETRY_S = 5.0  # a rejected file that did not change is loaded again this often
 WORKER_TIMEOUT_S = 120.0
 CHUNK = 100  # changed webhooks pickled together (the parent takes them in slices of its loop)
@@ -141,15 +145,19 @@ class _Fingerprints:
     ) -> None:
         self._limit_of = limit_of
         self._known: dict[Path, tuple[_StatKey | None, str | None]] = {}
+        self.in_place = False  # a file's content changed under the same inode (until reset)
 
     def __call__(self, paths: Sequence[Path], full: bool) -> tuple[str | None, ...]:
         known: dict[Path, tuple[_StatKey | None, str | None]] = {}
         digests = []
         for path in paths:
             key = _stat_key(path)  # before reading: a change after it moves the key again
-            seen = self._known.get(path)
+            before = seen = self._known.get(path)
             if full or seen is None or key is None or seen[0] != key:
                 seen = (key, _fingerprint(path, self._limit_of(path)))
+                if before is not None and before[0] is not None and key is not None:
+                    same_file = before[0][:2] == key[:2]  # (device, inode)
+                    self.in_place |= same_file and before[1] != seen[1]
             known[path] = seen
             digests.append(seen[1])
         self._known = known
@@ -243,6 +251,7 @@ class ConfigWatcher:
         paths = self._watched()
         now = time.monotonic()
         seen = None
+        self._fingerprints.in_place = False  # (said by this poll's look at the files)
         if now < self._hash_at and len(paths) <= STAT_ON_LOOP:
             seen = self._fingerprints.unchanged(paths)
         if seen is None:
@@ -296,14 +305,29 @@ class ConfigWatcher:
         self, paths: Sequence[Path], seen: tuple[str | None, ...]
     ) -> tuple[str | None, ...]:
         """Wait until the files stay the same for ``SETTLE_S`` (at most ``SETTLE_MAX_S``): one
-        load for a file written in several steps, or several times in a row."""
-        deadline = time.monotonic() + SETTLE_MAX_S
-        while time.monotonic() < deadline:
+        load for a file written in several steps, or several times in a row.
+
+        A file whose content changed under the same inode is being written in place (``cp``,
+        a shell's ``>``, an editor that does not replace the file): what is there may be the
+        first part of the new file, and a first part can be a valid configuration with fewer
+        webhooks, whose records would then not be delivered to the others. It must stay the
+        same for ``IN_PLACE_SETTLE_S`` (at most ``IN_PLACE_SETTLE_MAX_S``). A file replaced
+        whole (a rename, Kubernetes' swap of ``..data``) has a new inode and is never seen
+        half written."""
+        started = quiet_since = time.monotonic()
+        while True:
+            in_place = self._fingerprints.in_place
+            quiet = IN_PLACE_SETTLE_S if in_place else SETTLE_S
+            longest = IN_PLACE_SETTLE_MAX_S if in_place else SETTLE_MAX_S
+            now = time.monotonic()
+            if now - quiet_since >= quiet or now - started >= longest:
+                break
             await asyncio.sleep(SETTLE_S)
             again = await asyncio.to_thread(self._fingerprints, paths, True)
-            if again == seen:
-                break
-            seen = again
+            if again != seen:
+                seen = again
+                quiet_since = time.monotonic()
+        self._fingerprints.in_place = False
         return seen
 
     async def _load(self) -> Config | ConfigError:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from bridge.config.directory import listing_digest
 from bridge.config.loader import load_config
-from bridge.config.reload import ConfigWatcher
+from bridge.config.reload import SETTLE_S, ConfigWatcher
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Config, sha256_hex
 from bridge.core.subscriptions import Subscriptions
@@ -618,6 +618,89 @@ def test_fingerprints_look_at_the_content_only_when_stat_moves_or_when_asked(
     assert fingerprints.unchanged([path]) is None, "its stat moved: hashed on a thread"
     assert fingerprints([path], False) == (sha256_hex(b"three"),)
     assert fingerprints.unchanged([path]) == (sha256_hex(b"three"),)
+
+
+def test_fingerprints_tell_a_file_written_in_place_from_one_replaced(tmp_path: Path) -> None:
+    import bridge.config.reload as reload
+
+    path, other = tmp_path / "bridge.yaml", tmp_path / "next.yaml"
+    path.write_text("one")
+    fingerprints = reload._Fingerprints()
+    fingerprints([path], False)
+    assert not fingerprints.in_place
+    with path.open("r+") as file:  # the same inode: truncated, then written
+        file.truncate(0)
+        file.write("two")
+    fingerprints([path], False)
+    assert fingerprints.in_place
+    fingerprints.in_place = False
+    other.write_text("three")
+    os.replace(other, path)  # a new inode: replaced whole
+    fingerprints([path], True)
+    assert not fingerprints.in_place
+    path.touch()  # the same inode, the same content: not a write
+    fingerprints([path], True)
+    assert not fingerprints.in_place
+    link = tmp_path / "link.yaml"
+    link.symlink_to(path)
+    fingerprints([link], True)
+    (tmp_path / "swapped.yaml").write_text("four")
+    os.replace(tmp_path / "swapped.yaml", path)  # the link leads to a new file
+    fingerprints([link], True)
+    assert not fingerprints.in_place
+
+
+TWO_HOOKS = """\
+webhooks:
+  - id: shop
+    account: acct_1
+    url: {url}
+    events: [transaction.success]
+    secret: inline
+  - id: other
+    account: acct_2
+    url: https://other.example/hook
+    events: [transaction.failed]
+    secret: inline
+"""
+
+
+def test_a_file_written_in_place_with_a_pause_is_loaded_whole(tmp_path: Path) -> None:
+    """A file written in place stops halfway for longer than a change's usual settling time (a
+    copy over a slow disk, a tool writing as it goes). What is there then is a valid
+    configuration without the second webhook: applied, records for it would not be delivered
+    until the rest came. It is not applied; the whole file is."""
+    path = tmp_path / "bridge.yaml"
+    path.write_text(TWO_HOOKS.format(url="https://one.example/hook"))
+    recorder = Recorder(path)
+    new = TWO_HOOKS.format(url="https://two.example/hook").encode()
+    first_part = new[: new.index(b"  - id: other")]
+    assert len(load_config(write_bytes(tmp_path / "part.yaml", first_part), {}).webhooks) == 1
+
+    async def scenario() -> None:
+        task = asyncio.create_task(recorder.watcher.run())
+        try:
+            await asyncio.sleep(0.1)  # (the watcher has looked at the file in force)
+            with path.open("r+b") as file:
+                file.truncate(0)
+                file.write(first_part)
+                file.flush()
+                await asyncio.sleep(SETTLE_S * 4)  # the pause: polls see the first part
+                file.write(new[len(first_part) :])
+            await wait_until(lambda: bool(recorder.changes))
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert [[hook.id for hook in change.webhooks] for change in recorder.changes] == [
+        ["shop", "other"]
+    ]
+    assert recorder.changes[0].webhooks[0].url == "https://two.example/hook"
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
 
 
 def test_a_rejected_file_that_did_not_change_is_loaded_again_only_when_due(
