@@ -18,8 +18,7 @@ which refuses what fastavro's would round or spend seconds on: fastavro converts
 bytes (its int to Decimal conversion is quadratic: 300 KB took 11 s) and rounds the digits beyond
 the precision away; and ``long-timestamp-millis`` with :func:`read_timestamp_millis`, fastavro's
 own reader saying which value is out of the range of dates (fastavro's says only "Python int too
-large to convert to C int"). A record with a varint longer than Avro allows is ``corrupt``
-(:mod:`bridge.codec.varints`): fastavro would read another value than the writer's.
+large to convert to C int").
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ from bridge.codec.encoding import (
     load_schema_file,
     single_object_fingerprint,
 )
-from bridge.codec.varints import MAX_VARINT_BYTES, first_overlong_varint
 from bridge.core.errors import DecodeError, printable
 
 READER_SCHEMA_FILE = "transaction_outcome.avsc"
@@ -340,14 +338,6 @@ class _ResolvedReader:
             raise DecodeError(
                 "trailing_bytes",
                 f"{self.origin}: {len(value) - buffer.tell()} byte(s) left after the record",
-                raw=value,
-            )
-        overlong = first_overlong_varint(value, offset, self.writer)
-        if overlong is not None:
-            raise DecodeError(
-                "corrupt",
-                f"{self.origin}: the varint at byte {overlong} is longer than the "
-                f"{MAX_VARINT_BYTES} bytes Avro allows (readers disagree on its value)",
                 raw=value,
             )
         return record
