@@ -1241,8 +1241,8 @@ class _YamlLoader(yaml.SafeLoader):
 
 
 class _TooMany(yaml.YAMLError):
-    """More than the nodes left of MAX_NODES while composing; ``line``: where the collection
-    being composed starts (libyaml gives its composer no mark of its own)."""
+    """More than the nodes left of MAX_NODES while composing; ``line``: the node's (the pure
+    composer), or where the collection composing it starts (libyaml gives no mark of its own)."""
 
     def __init__(self, line: int | None) -> None:
         super().__init__(line)
@@ -1430,12 +1430,15 @@ def _compose_fast(text: str, budget: int = MAX_NODES) -> tuple[bool, Node | None
         return False, None, 0
 
 
-def _compose_pure(text: str, budget: int) -> tuple[Node | None, int]:
-    """The document composed by PyYAML's pure loader, and how many distinct nodes it made;
-    _TooMany past ``budget`` nodes."""
+def _compose(text: str, budget: int) -> tuple[bool, Node | None, int]:
+    """``(fast, root, nodes)``: the document composed by libyaml (``fast``) or else by PyYAML's
+    pure loader, and how many distinct nodes it made; _TooMany past ``budget`` nodes."""
+    fast, root, nodes = _compose_fast(text, budget)
+    if fast:
+        return fast, root, nodes
     loader = _YamlLoader(text, budget)
     try:
-        return loader.get_single_node(), loader.nodes
+        return False, loader.get_single_node(), loader.nodes
     finally:
         loader.dispose()
 
@@ -2073,9 +2076,7 @@ class _Loader:
         try:
             if budget < 0:
                 raise _TooMany(None)
-            fast, root, nodes = _compose_fast(blanked, budget)
-            if not fast:
-                root, made = _compose_pure(blanked, budget)
+            fast, root, nodes = _compose(blanked, budget)
         except Exception:  # (_TooMany too) said as it should be by the full compose
             return None
         items = agrees(root, shape, composed)
@@ -2084,7 +2085,7 @@ class _Loader:
         counted = nodes if fast else None
         if _may_start_token(blanked, "&") and _shape_problem(root, extra, counted) is not None:
             return None
-        self._nodes_left = budget - (nodes if fast else made)
+        self._nodes_left = budget - nodes
         self.remember_document_secrets(root)
         for piece in pieces.values():
             for secret in piece.noted[3]:
@@ -2120,9 +2121,7 @@ class _Loader:
         """The YAML node graph of ``text``, checked (aliases, nesting), its secrets remembered;
         or None and a problem."""
         try:
-            composed, root, nodes = _compose_fast(text, self._nodes_left)
-            if not composed:
-                root, made = _compose_pure(text, self._nodes_left)
+            composed, root, nodes = _compose(text, self._nodes_left)
         except _TooMany as exc:
             self.too_many(exc)
             return None
@@ -2144,7 +2143,7 @@ class _Loader:
         except RecursionError:
             self.report(None, "invalid YAML: nested too deeply")
             return None
-        self._nodes_left -= nodes if composed else made
+        self._nodes_left -= nodes
         if root is None:
             return MappingNode(_MAP_TAG, [])
         # A tree (no anchor, so no alias) has no recursion and adds no nodes, and the composer
